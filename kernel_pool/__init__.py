@@ -1,0 +1,42 @@
+"""Warm Jupyter kernels: start, preload, lease, reset, restart, retire.
+
+Knows nothing of HTTP, Strata, bundles or what cells mean; depends on jupyter_client only.
+"""
+
+from .config import PoolConfig, RecyclePolicy
+from .errors import (
+    ExecutionError,
+    ExecutionTimeout,
+    KernelDied,
+    KernelStartError,
+    PoolBusy,
+    PoolClosed,
+    PoolError,
+    PreloadError,
+)
+from .kernel import KernelState
+from .lease import Lease, RetireReason
+from .messages import ExecuteResult, Output
+from .pool import Pool
+from .stats import DurationSummary, PoolStats
+
+__all__ = [
+    "DurationSummary",
+    "ExecuteResult",
+    "ExecutionError",
+    "ExecutionTimeout",
+    "KernelDied",
+    "KernelStartError",
+    "KernelState",
+    "Lease",
+    "Output",
+    "Pool",
+    "PoolBusy",
+    "PoolClosed",
+    "PoolConfig",
+    "PoolError",
+    "PoolStats",
+    "PreloadError",
+    "RecyclePolicy",
+    "RetireReason",
+]

@@ -1,0 +1,146 @@
+"""The pool's helper that lives inside every kernel: baseline capture, reset, verification.
+
+This file is never imported by the pool process. Its source is sent to each kernel once at
+start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only). The pool
+then calls its functions through ``user_expressions``, so nothing is ever bound in the
+user namespace by the pool itself.
+
+Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook` to have
+its own per-request state cleared by every reset.
+"""
+
+import gc
+import os
+import sys
+import threading
+
+_LAST_ERROR_ATTRS = ("last_type", "last_value", "last_traceback", "last_exc")
+_MISSING = object()
+
+_baseline = {}
+_preloaded = frozenset()
+_before_preload = frozenset()
+_reset_hooks = []
+
+
+def _shell():
+    from IPython import get_ipython
+
+    return get_ipython()
+
+
+def register_reset_hook(hook):
+    """Call ``hook()`` at the start of every reset (exceptions make the reset unclean)."""
+    _reset_hooks.append(hook)
+
+
+def mark_before_preload():
+    """Remember which names exist before the preload, to tell preloaded names apart."""
+    global _before_preload
+    _before_preload = frozenset(_shell().user_ns)
+    return len(_before_preload)
+
+
+def capture():
+    """Record the warm baseline that every reset returns to; returns a small summary."""
+    global _preloaded
+    shell = _shell()
+    ns = shell.user_ns
+    hm = shell.history_manager
+    _baseline.clear()
+    _baseline.update(
+        names=dict(ns),
+        environ=dict(os.environ),
+        cwd=os.getcwd(),
+        path=list(sys.path),
+        threads=frozenset(t.ident for t in threading.enumerate()),
+        history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
+    )
+    _preloaded = frozenset(
+        name for name in ns if name not in _before_preload and not name.startswith("_")
+    )
+    gc.collect()
+    gc.freeze()  # the warm baseline is never garbage: keep later collections short
+    return {"names": len(ns), "preloaded": sorted(_preloaded)}
+
+
+def _restore_names(ns, problems):
+    names = _baseline["names"]
+    for name in [n for n in ns if n not in names]:
+        del ns[name]
+    for name, obj in names.items():
+        current = ns.get(name, _MISSING)
+        if current is obj:
+            continue
+        if name in _preloaded:
+            what = "deleted" if current is _MISSING else "replaced"
+            problems.append(f"preloaded name {name!r} was {what}")
+        ns[name] = obj
+
+
+def _clear_caches(shell):
+    try:
+        shell.displayhook.flush()
+    except Exception as exc:  # a cell may have broken the display hook
+        return [f"output cache flush failed: {type(exc).__name__}"]
+    hm = shell.history_manager
+    parsed, raw = _baseline["history"]
+    del hm.input_hist_parsed[parsed:]
+    del hm.input_hist_raw[raw:]
+    for attr in _LAST_ERROR_ATTRS:
+        if hasattr(sys, attr):
+            delattr(sys, attr)
+    shell.last_execution_result = None
+    shell._last_traceback = None
+    return []
+
+
+def _restore_process_state(problems):
+    if dict(os.environ) != _baseline["environ"]:
+        os.environ.clear()
+        os.environ.update(_baseline["environ"])
+    try:
+        if os.getcwd() != _baseline["cwd"]:
+            os.chdir(_baseline["cwd"])
+    except OSError as exc:
+        problems.append(f"cannot restore cwd: {exc.strerror}")
+    sys.path[:] = _baseline["path"]
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        try:
+            pyplot.close("all")
+        except Exception as exc:
+            problems.append(f"closing figures failed: {type(exc).__name__}")
+
+
+def _verify(ns, problems):
+    names = _baseline["names"]
+    if set(ns) != set(names):
+        problems.append("namespace differs from the baseline after reset")
+    elif any(ns[name] is not obj for name, obj in names.items()):
+        problems.append("a baseline name is bound to another object after reset")
+    if dict(os.environ) != _baseline["environ"]:
+        problems.append("environment differs from the baseline")
+    if list(sys.path) != _baseline["path"]:
+        problems.append("sys.path differs from the baseline")
+    for thread in threading.enumerate():
+        if thread.ident not in _baseline["threads"] and thread.is_alive():
+            problems.append(f"thread {thread.name!r} is still running")
+
+
+def reset():
+    """Return the kernel to its baseline; report whether it could be verified clean."""
+    problems = []
+    for hook in _reset_hooks:
+        try:
+            hook()
+        except Exception as exc:
+            problems.append(f"reset hook failed: {type(exc).__name__}: {exc}")
+    shell = _shell()
+    ns = shell.user_ns
+    problems += _clear_caches(shell)
+    _restore_names(ns, problems)
+    _restore_process_state(problems)
+    gc.collect()
+    _verify(ns, problems)
+    return {"clean": not problems, "problems": problems}

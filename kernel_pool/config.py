@@ -1,0 +1,70 @@
+"""Pool configuration: one frozen value, validated once."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class RecyclePolicy(enum.Enum):
+    """What happens to a kernel after a lease."""
+
+    RESET = "reset"  # reset to the warm baseline and reuse
+    FRESH = "fresh"  # never reuse: retire after every lease
+
+
+@dataclass(frozen=True, slots=True)
+class PoolConfig:
+    """Everything the pool needs to know; see ``README.md`` for the user-facing meaning."""
+
+    size: int = 2
+    """Kernels that may be leased at once."""
+    spares: int = 0
+    """Extra warm kernels kept ready so a retirement never makes a request wait."""
+    kernel_name: str | None = None
+    """Jupyter kernelspec name; ``None`` means ipykernel of the current interpreter."""
+    setup_code: str | None = None
+    """Code the pool's user runs in every kernel before the preload (e.g. an agent)."""
+    preload: str | None = None
+    """User code run in every kernel at start; its names become part of the baseline."""
+    recycle: RecyclePolicy = RecyclePolicy.RESET
+    max_uses: int | None = None
+    max_kernel_memory: int | None = None
+    """Retire a kernel whose RSS (children included) exceeds this many bytes after a lease."""
+    gpu_slots: tuple[str, ...] = ()
+    """Values for ``CUDA_VISIBLE_DEVICES``, handed out one per kernel, round robin."""
+    env: Mapping[str, str] | None = None
+    """Environment for kernel processes; ``None`` copies the pool's own environment."""
+    kernel_user: str | None = None
+    kernel_group: str | None = None
+    kernel_cwd: Path | None = None
+    runtime_dir: Path | None = None
+    """Parent of the pool's private (0700) directory; ``None`` uses the system temp dir."""
+    interrupt_grace_seconds: float = 2.0
+    start_timeout_seconds: float = 60.0
+    reset_timeout_seconds: float = 10.0
+    shutdown_timeout_seconds: float = 10.0
+    restart_backoff_seconds: tuple[float, float] = (0.5, 30.0)
+    """First and largest delay between failed kernel starts."""
+    extra_arguments: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        if self.size < 1:
+            raise ValueError("size must be at least 1")
+        if self.spares < 0:
+            raise ValueError("spares must not be negative")
+        if self.max_uses is not None and self.max_uses < 1:
+            raise ValueError("max_uses must be at least 1")
+        if self.max_kernel_memory is not None and self.max_kernel_memory < 1:
+            raise ValueError("max_kernel_memory must be positive")
+        if self.interrupt_grace_seconds < 0:
+            raise ValueError("interrupt_grace_seconds must not be negative")
+        if any(not slot.strip() for slot in self.gpu_slots):
+            raise ValueError("gpu slot ids must not be blank")
+
+    @property
+    def target_kernels(self) -> int:
+        """How many kernels the pool keeps alive: the leasable ones plus spares."""
+        return self.size + self.spares

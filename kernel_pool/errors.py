@@ -1,0 +1,56 @@
+"""The pool's exception tree.
+
+All failures the pool reports derive from :class:`PoolError`; foreign exceptions (from
+jupyter_client, zmq, the OS) are translated into these in ``kernel.py`` and nowhere else::
+
+    PoolError
+    ├── PoolClosed            the pool is shutting down or was never started
+    ├── PoolBusy              no kernel became free within the caller's wait
+    ├── KernelStartError      a kernel process could not be started or never became ready
+    │   └── PreloadError      the preload code raised (message is the preload's own error)
+    └── ExecutionError        something went wrong while a lease was executing code
+        ├── ExecutionTimeout  the deadline passed (the kernel was interrupted, then killed)
+        └── KernelDied        the kernel process exited during the lease
+"""
+
+from __future__ import annotations
+
+
+class PoolError(Exception):
+    """Base class of every error raised by :mod:`kernel_pool`."""
+
+
+class PoolClosed(PoolError):
+    """The pool no longer hands out leases."""
+
+
+class PoolBusy(PoolError):
+    """Every kernel stayed busy for longer than the caller was willing to wait."""
+
+
+class KernelStartError(PoolError):
+    """A kernel could not be started, or did not become ready in time."""
+
+
+class PreloadError(KernelStartError):
+    """The preload code raised inside the kernel; ``str()`` is ``"<Type>: <message>"``."""
+
+
+class ExecutionError(PoolError):
+    """Base of the errors that end an execution on a lease."""
+
+
+class ExecutionTimeout(ExecutionError):
+    """The execution passed its deadline; the kernel is retired."""
+
+    def __init__(self, timeout_seconds: float) -> None:
+        super().__init__(f"execution exceeded its deadline of {timeout_seconds:g}s")
+        self.timeout_seconds = timeout_seconds
+
+
+class KernelDied(ExecutionError):
+    """The kernel process exited while the lease was using it."""
+
+    def __init__(self, exit_code: int | None) -> None:
+        super().__init__(f"kernel process died (exit status {exit_code})")
+        self.exit_code = exit_code

@@ -1,0 +1,423 @@
+"""One kernel's lifecycle: start, execute, interrupt, kill.
+
+This is the only module that talks to jupyter_client and the only place its errors are
+translated into :mod:`kernel_pool.errors`. A :class:`Kernel` runs one execution at a time;
+the pool guarantees that.
+
+Messages are read by two pump tasks (shell and IOPub) into one event queue per kernel; the
+kernel's death is observed through a pidfd (event-driven, no polling), and arrives on the same
+queue, so an execution waits on exactly one thing.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import contextlib
+import enum
+import itertools
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import psutil
+from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+from jupyter_client.manager import AsyncKernelManager
+
+from .config import PoolConfig
+from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
+from .messages import ExecuteResult, Output
+
+log = logging.getLogger(__name__)
+
+_INKERNEL_SOURCE = (Path(__file__).with_name("_inkernel.py")).read_text(encoding="utf-8")
+_HELPER = "__import__('sys').modules['_kernel_pool_agent']"
+NATIVE_KERNEL_NAME = "kernel-pool-python"
+_KERNEL_ARGS = (
+    "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
+    "--IPKernelApp.capture_fd_output=True",
+)
+_ids = itertools.count(1)
+
+OutputCallback = Callable[[Output], None]
+
+
+class KernelState(enum.Enum):
+    STARTING = "starting"
+    IDLE = "idle"
+    BUSY = "busy"
+    RESETTING = "resetting"
+    RETIRING = "retiring"
+    STOPPED = "stopped"
+
+
+def native_kernelspec_dir(private_dir: Path) -> Path:
+    """Write a kernelspec running ipykernel on this interpreter; return its kernels dir."""
+    spec_dir = private_dir / "kernels" / NATIVE_KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec_dir / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python (kernel pool)", "language": "python"}),
+        encoding="utf-8",
+    )
+    return spec_dir.parent
+
+
+def _literal(result: ExecuteResult, key: str) -> Any:
+    """Decode a user_expression whose value is a Python literal (dict, list, str...)."""
+    entry = result.user_expressions.get(key) or {}
+    if entry.get("status") != "ok":
+        raise RuntimeError(f"{entry.get('ename', 'error')}: {entry.get('evalue', '')}")
+    return ast.literal_eval(entry["data"]["text/plain"])
+
+
+class Kernel:
+    """A single kernel process and its client channels."""
+
+    def __init__(
+        self, config: PoolConfig, private_dir: Path, kernel_dirs: Sequence[Path], slot: str | None
+    ) -> None:
+        self.kernel_id = f"k{next(_ids)}"
+        self.slot = slot
+        self.state = KernelState.STARTING
+        self.uses = 0
+        self.started_at = time.monotonic()
+        self.start_seconds: float | None = None
+        self._config = config
+        self._private_dir = private_dir
+        self._kernel_dirs = list(kernel_dirs)
+        self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        self._pumps: list[asyncio.Task[None]] = []
+        self._km: Any = None
+        self._kc: Any = None
+        self._pidfd: int | None = None
+        self._exit_code: int | None = None
+        self._baseline_children: frozenset[int] = frozenset()
+        self.died = asyncio.Event()
+
+    # -- start -------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        provisioner = getattr(self._km, "provisioner", None)
+        return getattr(provisioner, "pid", None)
+
+    async def start(self) -> None:
+        """Start the process, run setup code and preload, and capture the baseline."""
+        started = time.monotonic()
+        try:
+            await self._launch()
+            deadline = started + self._config.start_timeout_seconds
+            await self._run_startup_code(deadline)
+        except BaseException:
+            await self.kill()
+            raise
+        self.start_seconds = time.monotonic() - started
+        self.state = KernelState.IDLE
+        log.info("kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot)
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(self._config.env if self._config.env is not None else os.environ)
+        if self.slot is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.slot
+        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        env["IPYTHONDIR"] = str(self._private_dir / "ipython")
+        env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+        return env
+
+    async def _launch(self) -> None:
+        name = self._config.kernel_name or NATIVE_KERNEL_NAME
+        if self._config.kernel_name is None:
+            ksm = KernelSpecManager(kernel_dirs=[str(d) for d in self._kernel_dirs])
+        else:
+            ksm = KernelSpecManager()
+        connection_file = self._private_dir / f"{self.kernel_id}.json"
+        self._km = AsyncKernelManager(
+            kernel_name=name, kernel_spec_manager=ksm, connection_file=str(connection_file)
+        )
+        self._km.shutdown_wait_time = self._config.shutdown_timeout_seconds
+        self._km.transport = "ipc"  # unix sockets inside the private 0700 directory
+        self._km.ip = str(self._private_dir / self.kernel_id)
+        kwargs: dict[str, Any] = {
+            "env": self._environment(),
+            "extra_arguments": [*_KERNEL_ARGS, *self._config.extra_arguments],
+        }
+        if self._config.kernel_cwd is not None:
+            kwargs["cwd"] = str(self._config.kernel_cwd)
+        if self._config.kernel_user is not None:
+            kwargs["user"] = self._config.kernel_user
+        if self._config.kernel_group is not None:
+            kwargs["group"] = self._config.kernel_group
+        try:
+            await self._km.start_kernel(**kwargs)
+        except NoSuchKernel as exc:
+            raise KernelStartError(f"no such kernelspec: {name!r}") from exc
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise KernelStartError(f"kernel process could not be started: {exc}") from exc
+        self._watch_process()
+        self._kc = self._km.client()
+        self._kc.start_channels()
+        try:
+            await self._kc.wait_for_ready(timeout=self._config.start_timeout_seconds)
+        except (RuntimeError, TimeoutError) as exc:
+            raise KernelStartError(f"kernel {self.kernel_id} did not become ready: {exc}") from exc
+        self._pumps = [
+            asyncio.create_task(self._pump(self._kc.get_shell_msg, "shell")),
+            asyncio.create_task(self._pump(self._kc.get_iopub_msg, "iopub")),
+        ]
+
+    async def _run_startup_code(self, deadline: float) -> None:
+        bootstrap = (
+            "def __kernel_pool_boot(src):\n"
+            "    import sys, types\n"
+            "    mod = types.ModuleType('_kernel_pool_agent')\n"
+            "    exec(compile(src, '<kernel_pool agent>', 'exec'), mod.__dict__)\n"
+            "    sys.modules['_kernel_pool_agent'] = mod\n"
+            f"__kernel_pool_boot({_INKERNEL_SOURCE!r})\n"
+            "del __kernel_pool_boot\n"
+        )
+        steps: list[tuple[str, str | None]] = [
+            ("bootstrap", bootstrap),
+            ("setup", self._config.setup_code),
+        ]
+        for what, code in steps:
+            if code:
+                await self._startup_step(what, code, deadline)
+        await self._call_helper("mark_before_preload()", deadline)
+        if self._config.preload:
+            await self._startup_step("preload", self._config.preload, deadline)
+        await self._call_helper("capture()", deadline)
+        self._baseline_children = frozenset(self._child_pids())
+
+    async def _startup_step(self, what: str, code: str, deadline: float) -> None:
+        result = await self.execute(code, deadline=deadline, silent=True, store_history=False)
+        if not result.ok:
+            message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
+            if what == "preload":
+                raise PreloadError(message)
+            raise KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
+
+    async def _call_helper(self, call: str, deadline: float) -> Any:
+        result = await self.execute(
+            "", deadline=deadline, silent=True, store_history=False,
+            user_expressions={"r": f"{_HELPER}.{call}"},
+        )  # fmt: skip
+        try:
+            return _literal(result, "r")
+        except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
+            raise KernelStartError(f"kernel helper call {call} failed: {exc}") from exc
+
+    # -- process watching ------------------------------------------------------------------------
+
+    def _watch_process(self) -> None:
+        pid = self.pid
+        if pid is None:
+            return
+        loop = asyncio.get_running_loop()
+        try:
+            self._pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):  # no pidfd: fall back to a waiting thread
+            process = self._km.provisioner.process
+            task = asyncio.ensure_future(asyncio.to_thread(process.wait))
+            task.add_done_callback(lambda _: self._on_exit())
+            return
+        loop.add_reader(self._pidfd, self._on_exit)
+
+    def _on_exit(self) -> None:
+        if self._pidfd is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(self._pidfd)
+                os.close(self._pidfd)
+            self._pidfd = None
+        process = getattr(getattr(self._km, "provisioner", None), "process", None)
+        self._exit_code = process.poll() if process is not None else None
+        if not self.died.is_set():
+            self.died.set()
+            self._events.put_nowait(("died", self._exit_code))
+
+    async def _pump(self, get: Callable[[], Any], channel: str) -> None:
+        while True:
+            try:
+                msg = await get()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a torn-down socket ends the pump; death is reported separately
+                log.debug("kernel %s %s channel closed", self.kernel_id, channel, exc_info=True)
+                return
+            self._events.put_nowait((channel, msg))
+
+    def _child_pids(self) -> list[int]:
+        try:
+            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
+        except (psutil.Error, TypeError, ValueError):
+            return []
+
+    def memory_bytes(self) -> int:
+        """Resident memory of the kernel and every process it started."""
+        try:
+            proc = psutil.Process(self.pid)
+            procs = [proc, *proc.children(recursive=True)]
+        except (psutil.Error, TypeError, ValueError):
+            return 0
+        total = 0
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                total += p.memory_info().rss
+        return int(total)
+
+    def stray_children(self) -> list[int]:
+        """Processes started since the baseline that are still alive."""
+        return [pid for pid in self._child_pids() if pid not in self._baseline_children]
+
+    # -- execution ---------------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        deadline: float,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        buffers: Sequence[bytes | memoryview] = (),
+        on_output: OutputCallback | None = None,
+    ) -> ExecuteResult:
+        """Run ``code`` and wait for its reply and idle status, or raise at the deadline."""
+        if self.died.is_set():
+            raise KernelDied(self._exit_code)
+        started = time.monotonic()
+        content = {
+            "code": code,
+            "silent": silent,
+            "store_history": store_history,
+            "user_expressions": dict(user_expressions or {}),
+            "allow_stdin": False,
+            "stop_on_error": False,
+        }
+        msg = self._kc.session.msg("execute_request", content)
+        msg["metadata"] = dict(metadata or {})
+        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
+        msg_id = msg["header"]["msg_id"]
+        outputs: list[Output] = []
+        sink = on_output if on_output is not None else outputs.append
+        try:
+            reply = await self._collect(msg_id, deadline, sink)
+        except TimeoutError:
+            await self._timeout_ladder(msg_id, sink)
+            raise ExecutionTimeout(max(0.0, deadline - started)) from None
+        return ExecuteResult(reply, tuple(outputs), time.monotonic() - started)
+
+    async def _collect(
+        self, msg_id: str, deadline: float, sink: OutputCallback
+    ) -> Mapping[str, Any]:
+        reply: Mapping[str, Any] | None = None
+        idle = False
+        while reply is None or not idle:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError
+            channel, msg = await asyncio.wait_for(self._events.get(), remaining)
+            if channel == "died":
+                self._events.put_nowait((channel, msg))  # stays visible to later calls
+                raise KernelDied(msg)
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue  # left over from an earlier, abandoned execution
+            msg_type = msg["header"]["msg_type"]
+            if channel == "shell":
+                reply = msg["content"]
+            elif msg_type == "status":
+                idle = msg["content"].get("execution_state") == "idle"
+            elif msg_type != "execute_input":
+                sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
+        return reply
+
+    async def _timeout_ladder(self, msg_id: str, sink: OutputCallback) -> None:
+        """Interrupt, give the cell a grace period, then kill the whole process group."""
+        self.state = KernelState.RETIRING
+        with contextlib.suppress(Exception):
+            await self.interrupt()
+        grace_deadline = time.monotonic() + self._config.interrupt_grace_seconds
+        with contextlib.suppress(TimeoutError, KernelDied):
+            await self._collect(msg_id, grace_deadline, sink)
+        await self.kill()
+
+    async def interrupt(self) -> None:
+        """Send SIGINT to the kernel's process group."""
+        if self._km is not None and not self.died.is_set():
+            await self._km.interrupt_kernel()
+
+    # -- reset and shutdown -------------------------------------------------------------------------
+
+    async def reset(self, deadline: float) -> list[str]:
+        """Reset to the baseline; return the problems that make this kernel unfit for reuse."""
+        result = await self.execute(
+            "", deadline=deadline, silent=True, store_history=False,
+            user_expressions={"r": f"{_HELPER}.reset()"},
+        )  # fmt: skip
+        try:
+            report = _literal(result, "r")
+        except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
+            return [f"reset failed: {exc}"]
+        problems = [str(p) for p in report.get("problems", [])]
+        stray = self.stray_children()
+        if stray:
+            problems.append(f"{len(stray)} child process(es) still running")
+        return problems
+
+    async def kill(self) -> None:
+        """Kill the kernel, its process group and every descendant; release its resources."""
+        self.state = KernelState.STOPPED
+        pid = self.pid
+        if pid is not None:
+            self._signal_tree(pid, signal.SIGKILL)
+        await self._teardown(now=True)
+
+    async def shutdown(self) -> None:
+        """Ask the kernel to exit, kill it if it does not within the configured time."""
+        self.state = KernelState.STOPPED
+        pid = self.pid
+        if pid is not None and self.died.is_set():
+            self._signal_tree(pid, signal.SIGKILL)
+        try:
+            await asyncio.wait_for(
+                self._teardown(now=False), self._config.shutdown_timeout_seconds + 1
+            )
+        except TimeoutError:
+            await self.kill()
+        if pid is not None:
+            self._signal_tree(pid, signal.SIGKILL)  # children the kernel left behind
+
+    def _signal_tree(self, pid: int, sig: int) -> None:
+        try:
+            descendants = psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            descendants = []
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, sig)  # the kernel leads its own session/process group
+        for proc in descendants:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(sig)
+
+    async def _teardown(self, *, now: bool) -> None:
+        for task in self._pumps:
+            task.cancel()
+        for task in self._pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._pumps = []
+        if self._kc is not None:
+            self._kc.stop_channels()
+        if self._km is not None:
+            with contextlib.suppress(Exception):  # already dead or never started
+                await self._km.shutdown_kernel(now=now)
+        if self._pidfd is not None:
+            self._on_exit()
+        with contextlib.suppress(OSError):
+            (self._private_dir / f"{self.kernel_id}.json").unlink()

@@ -1,0 +1,109 @@
+"""The handle a caller holds while it has exclusive use of one kernel."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import ExecutionTimeout, KernelDied
+from .kernel import Kernel, OutputCallback
+from .messages import ExecuteResult
+
+
+class RetireReason(enum.Enum):
+    """Why a kernel left the pool; each is counted in the pool's stats."""
+
+    TIMEOUT = "timeout"
+    CANCELLED = "cancelled"
+    DIED = "died"
+    FAILED_RESET = "failed_reset"
+    MAX_USES = "max_uses"
+    MEMORY = "memory"
+    FRESH_POLICY = "fresh_policy"
+    SHUTDOWN = "shutdown"
+    REQUESTED = "requested"
+
+
+class Lease:
+    """Exclusive use of one ready kernel until the ``async with`` block ends."""
+
+    def __init__(self, kernel: Kernel, wait_seconds: float) -> None:
+        self._kernel = kernel
+        self.wait_seconds = wait_seconds
+        self.retire_reason: RetireReason | None = None
+        self._in_flight = False
+
+    @property
+    def kernel_id(self) -> str:
+        return self._kernel.kernel_id
+
+    @property
+    def slot(self) -> str | None:
+        """The GPU slot (``CUDA_VISIBLE_DEVICES`` value) the kernel was started with."""
+        return self._kernel.slot
+
+    @property
+    def uses(self) -> int:
+        """How many leases this kernel served before this one."""
+        return self._kernel.uses
+
+    @property
+    def pid(self) -> int | None:
+        return self._kernel.pid
+
+    @property
+    def in_flight(self) -> bool:
+        """True while an execution is running (its end was not observed)."""
+        return self._in_flight
+
+    async def execute(
+        self,
+        code: str,
+        *,
+        deadline: float,
+        silent: bool = False,
+        store_history: bool = True,
+        user_expressions: Mapping[str, str] | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        buffers: Sequence[bytes | memoryview] = (),
+        on_output: OutputCallback | None = None,
+    ) -> ExecuteResult:
+        """Execute ``code`` until ``deadline`` (a ``time.monotonic()`` value).
+
+        Raises :class:`ExecutionTimeout` (after interrupt, grace and kill) or
+        :class:`KernelDied`; either way the kernel is retired when the lease ends. If the
+        caller is cancelled mid-execution the kernel is retired too.
+        """
+        self._in_flight = True
+        try:
+            result = await self._kernel.execute(
+                code,
+                deadline=deadline,
+                silent=silent,
+                store_history=store_history,
+                user_expressions=user_expressions,
+                metadata=metadata,
+                buffers=buffers,
+                on_output=on_output,
+            )
+        except ExecutionTimeout:
+            self.retire(RetireReason.TIMEOUT)
+            raise
+        except KernelDied:
+            self.retire(RetireReason.DIED)
+            raise
+        self._in_flight = False
+        return result
+
+    async def interrupt(self) -> None:
+        """Send SIGINT to the kernel (the lease stays held)."""
+        await self._kernel.interrupt()
+
+    def retire(self, reason: RetireReason = RetireReason.REQUESTED) -> None:
+        """Do not reuse this kernel: replace it when the lease ends."""
+        if self.retire_reason is None:
+            self.retire_reason = reason
+
+    def memory_bytes(self) -> int:
+        return self._kernel.memory_bytes()

@@ -1,0 +1,305 @@
+"""The warm pool: warm-up, leasing, background reset, retirement and refill.
+
+Invariants:
+- a lease only ever gets a kernel in state IDLE, which no one else holds;
+- every lease ends in exactly one of: reset in the background and reused, or retired
+  (killed in the background and replaced);
+- the pool never runs more than ``config.target_kernels`` kernels, and never restarts in a
+  tight loop (failed starts back off exponentially).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Coroutine
+from pathlib import Path
+from typing import Any
+
+from .config import PoolConfig, RecyclePolicy
+from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
+from .kernel import Kernel, KernelState, native_kernelspec_dir
+from .lease import Lease, RetireReason
+from .stats import PoolStats, StatsRecorder
+
+log = logging.getLogger(__name__)
+
+
+class Pool:
+    """A pool of warm kernels. Use ``await pool.start()`` then ``async with pool.lease()``."""
+
+    def __init__(self, config: PoolConfig) -> None:
+        self.config = config
+        self._kernels: dict[str, Kernel] = {}
+        self._idle: deque[Kernel] = deque()
+        self._available = asyncio.Condition()
+        self._lease_slots = asyncio.Semaphore(config.size)
+        self._free_slots: list[str | None] = self._initial_slots()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._refill_wanted = asyncio.Event()
+        self._closing = asyncio.Event()
+        self._leases_done = asyncio.Event()
+        self._leased = 0
+        self._started = False
+        self._private_dir: Path | None = None
+        self._kernel_dirs: list[Path] = []
+        self._stats = StatsRecorder()
+
+    def _initial_slots(self) -> list[str | None]:
+        slots = self.config.gpu_slots
+        n = self.config.target_kernels
+        if not slots:
+            return [None] * n
+        return [slots[i % len(slots)] for i in reversed(range(n))]
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start every kernel concurrently; raise the first failure (after cleaning up)."""
+        if self._started:
+            raise PoolError("pool already started")
+        self._started = True
+        parent = self.config.runtime_dir
+        self._private_dir = Path(tempfile.mkdtemp(prefix="kernel-pool-", dir=parent))
+        self._private_dir.chmod(0o700)
+        self._kernel_dirs = [native_kernelspec_dir(self._private_dir)]
+        results = await asyncio.gather(
+            *(self._start_one() for _ in range(self.config.target_kernels)),
+            return_exceptions=True,
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await self.aclose()
+            raise errors[0]
+        self._spawn(self._refill_loop())
+
+    async def aclose(self) -> None:
+        """Stop leasing, wait briefly for leases in flight, stop every kernel, clean up."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        async with self._available:
+            self._available.notify_all()
+        if self._leased:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._leases_done.wait(), self.config.shutdown_timeout_seconds
+                )
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        kernels = list(self._kernels.values())
+        self._kernels.clear()
+        self._idle.clear()
+        for kernel in kernels:
+            self._stats.retired(RetireReason.SHUTDOWN)
+        await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
+        if self._private_dir is not None:
+            await asyncio.to_thread(shutil.rmtree, self._private_dir, True)
+
+    async def __aenter__(self) -> Pool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # -- leasing ---------------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def lease(self, *, wait_seconds: float | None = None) -> AsyncIterator[Lease]:
+        """Exclusive use of one ready kernel.
+
+        Waits up to ``wait_seconds`` (forever if ``None``) for one; raises :class:`PoolBusy`
+        then, or :class:`PoolClosed` once the pool is closing.
+        """
+        started = time.monotonic()
+        kernel = await self._acquire(None if wait_seconds is None else started + wait_seconds)
+        lease = Lease(kernel, time.monotonic() - started)
+        self._stats.leased(lease.wait_seconds)
+        try:
+            yield lease
+        except BaseException:
+            if lease.in_flight:
+                lease.retire(RetireReason.CANCELLED)
+            raise
+        finally:
+            self._release(kernel, lease)
+
+    async def _acquire(self, deadline: float | None) -> Kernel:
+        if self._closing.is_set() or not self._started:
+            raise PoolClosed("the pool is not accepting leases")
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            await asyncio.wait_for(self._lease_slots.acquire(), timeout)
+        except TimeoutError:
+            raise PoolBusy(f"all {self.config.size} kernels are busy") from None
+        try:
+            kernel = await self._take_idle(deadline)
+        except BaseException:
+            self._lease_slots.release()
+            raise
+        kernel.state = KernelState.BUSY
+        self._leased += 1
+        self._leases_done.clear()
+        return kernel
+
+    async def _take_idle(self, deadline: float | None) -> Kernel:
+        def ready() -> bool:
+            return bool(self._idle) or self._closing.is_set()
+
+        async with self._available:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(self._available.wait_for(ready), timeout)
+            except TimeoutError:
+                raise PoolBusy("no warm kernel became ready in time") from None
+            if self._closing.is_set():
+                raise PoolClosed("the pool is shutting down")
+            return self._idle.pop()
+
+    def _release(self, kernel: Kernel, lease: Lease) -> None:
+        """End a lease without awaiting: the reset or retirement runs in the background."""
+        kernel.uses += 1
+        self._leased -= 1
+        if not self._leased:
+            self._leases_done.set()
+        self._lease_slots.release()
+        reason = self._retire_reason(kernel, lease)
+        if reason is not None:
+            self._retire(kernel, reason)
+        else:
+            kernel.state = KernelState.RESETTING
+            self._spawn(self._reset_and_return(kernel))
+
+    def _retire_reason(self, kernel: Kernel, lease: Lease) -> RetireReason | None:
+        if kernel.died.is_set():
+            return RetireReason.DIED
+        if lease.retire_reason is not None:
+            return lease.retire_reason
+        if self._closing.is_set():
+            return RetireReason.SHUTDOWN
+        if self.config.recycle is RecyclePolicy.FRESH:
+            return RetireReason.FRESH_POLICY
+        if self.config.max_uses is not None and kernel.uses >= self.config.max_uses:
+            return RetireReason.MAX_USES
+        return None
+
+    async def _reset_and_return(self, kernel: Kernel) -> None:
+        started = time.monotonic()
+        try:
+            problems = await kernel.reset(started + self.config.reset_timeout_seconds)
+        except PoolError as exc:
+            problems = [f"reset did not complete: {exc}"]
+        self._stats.reset_done(time.monotonic() - started)
+        if kernel.died.is_set():
+            self._retire(kernel, RetireReason.DIED)
+        elif problems:
+            log.warning("kernel %s not clean after reset: %s", kernel.kernel_id, "; ".join(problems))
+            self._retire(kernel, RetireReason.FAILED_RESET)
+        elif self._over_memory(kernel):
+            self._retire(kernel, RetireReason.MEMORY)
+        else:
+            await self._make_idle(kernel)
+
+    def _over_memory(self, kernel: Kernel) -> bool:
+        limit = self.config.max_kernel_memory
+        return limit is not None and kernel.memory_bytes() > limit
+
+    async def _make_idle(self, kernel: Kernel) -> None:
+        if self._closing.is_set():
+            self._retire(kernel, RetireReason.SHUTDOWN)
+            return
+        kernel.state = KernelState.IDLE
+        async with self._available:
+            self._idle.append(kernel)
+            self._available.notify()
+
+    # -- retirement and refill ------------------------------------------------------------------
+
+    def _retire(self, kernel: Kernel, reason: RetireReason) -> None:
+        log.info("retiring kernel %s: %s", kernel.kernel_id, reason.value)
+        kernel.state = KernelState.RETIRING
+        self._kernels.pop(kernel.kernel_id, None)
+        with contextlib.suppress(ValueError):
+            self._idle.remove(kernel)
+        self._free_slots.append(kernel.slot)
+        self._stats.retired(reason)
+        self._spawn(kernel.kill())
+        self._refill_wanted.set()
+
+    async def _start_one(self) -> Kernel:
+        assert self._private_dir is not None
+        kernel = Kernel(self.config, self._private_dir, self._kernel_dirs, self._free_slots.pop())
+        self._kernels[kernel.kernel_id] = kernel
+        try:
+            await kernel.start()
+        except BaseException as exc:
+            self._kernels.pop(kernel.kernel_id, None)
+            self._free_slots.append(kernel.slot)
+            if isinstance(exc, KernelStartError):
+                self._stats.start_failed(str(exc))
+            raise
+        assert kernel.start_seconds is not None
+        self._stats.started(kernel.start_seconds)
+        await self._make_idle(kernel)
+        return kernel
+
+    async def _refill_loop(self) -> None:
+        first, largest = self.config.restart_backoff_seconds
+        delay = first
+        while not self._closing.is_set():
+            await self._refill_wanted.wait()
+            self._refill_wanted.clear()
+            while not self._closing.is_set():
+                missing = self.config.target_kernels - len(self._kernels)
+                if missing <= 0:
+                    break
+                results = await asyncio.gather(
+                    *(self._start_one() for _ in range(missing)), return_exceptions=True
+                )
+                failures = [r for r in results if isinstance(r, KernelStartError)]
+                if not failures:
+                    delay = first
+                    continue
+                log.error("kernel start failed (retrying in %.1fs): %s", delay, failures[0])
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closing.wait(), delay)
+                delay = min(delay * 2, largest)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Run a background task owned by the pool (cancelled and awaited by aclose)."""
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("pool background task failed", exc_info=task.exception())
+
+    # -- introspection ---------------------------------------------------------------------------
+
+    def stats(self) -> PoolStats:
+        """A snapshot for health checks and metrics."""
+        states = Counter(k.state.value for k in self._kernels.values())
+        return self._stats.snapshot(
+            config=self.config,
+            states={s.value: states.get(s.value, 0) for s in KernelState},
+            uses={k.kernel_id: k.uses for k in self._kernels.values()},
+            closing=self._closing.is_set(),
+        )
+
+    @property
+    def private_dir(self) -> Path | None:
+        """The pool's private (0700) directory holding connection files."""
+        return self._private_dir
+
+    def kernel_pids(self) -> dict[str, int | None]:
+        """Process ids of the live kernels (for diagnostics and tests)."""
+        return {k.kernel_id: k.pid for k in self._kernels.values()}
