@@ -100,8 +100,7 @@ def _restore_process_state(problems):
         os.environ.clear()
         os.environ.update(_baseline["environ"])
     try:
-        if os.getcwd() != _baseline["cwd"]:
-            os.chdir(_baseline["cwd"])
+        os.chdir(_baseline["cwd"])  # getcwd() would fail if a cell's directory is gone
     except OSError as exc:
         problems.append(f"cannot restore cwd: {exc.strerror}")
     sys.path[:] = _baseline["path"]

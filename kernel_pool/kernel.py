@@ -163,14 +163,32 @@ class Kernel:
         self._watch_process()
         self._kc = self._km.client()
         self._kc.start_channels()
-        try:
-            await self._kc.wait_for_ready(timeout=self._config.start_timeout_seconds)
-        except (RuntimeError, TimeoutError) as exc:
-            raise KernelStartError(f"kernel {self.kernel_id} did not become ready: {exc}") from exc
+        await self._wait_ready()
         self._pumps = [
             asyncio.create_task(self._pump(self._kc.get_shell_msg, "shell")),
             asyncio.create_task(self._pump(self._kc.get_iopub_msg, "iopub")),
         ]
+
+    async def _wait_ready(self) -> None:
+        """Wait for the first kernel_info reply, or fail as soon as the process exits."""
+        ready = asyncio.ensure_future(
+            self._kc.wait_for_ready(timeout=self._config.start_timeout_seconds)
+        )
+        died = asyncio.ensure_future(self.died.wait())
+        try:
+            await asyncio.wait({ready, died}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            died.cancel()
+            if not ready.done():
+                ready.cancel()
+        if not ready.done() or ready.cancelled():
+            raise KernelStartError(
+                f"kernel {self.kernel_id} exited during start-up (exit status {self._exit_code})"
+            )
+        try:
+            ready.result()
+        except (RuntimeError, TimeoutError) as exc:
+            raise KernelStartError(f"kernel {self.kernel_id} did not become ready: {exc}") from exc
 
     async def _run_startup_code(self, deadline: float) -> None:
         bootstrap = (

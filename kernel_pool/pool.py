@@ -90,9 +90,7 @@ class Pool:
                 await asyncio.wait_for(
                     self._leases_done.wait(), self.config.shutdown_timeout_seconds
                 )
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._drain_tasks()
         kernels = list(self._kernels.values())
         self._kernels.clear()
         self._idle.clear()
@@ -178,10 +176,10 @@ class Pool:
             self._spawn(self._reset_and_return(kernel))
 
     def _retire_reason(self, kernel: Kernel, lease: Lease) -> RetireReason | None:
-        if kernel.died.is_set():
-            return RetireReason.DIED
         if lease.retire_reason is not None:
             return lease.retire_reason
+        if kernel.died.is_set():
+            return RetireReason.DIED
         if self._closing.is_set():
             return RetireReason.SHUTDOWN
         if self.config.recycle is RecyclePolicy.FRESH:
@@ -271,6 +269,19 @@ class Pool:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), delay)
                 delay = min(delay * 2, largest)
+
+    async def _drain_tasks(self) -> None:
+        """Let resets and kills finish (bounded); cancel what is still running after that."""
+        self._refill_wanted.set()
+        deadline = time.monotonic() + self.config.shutdown_timeout_seconds
+        while self._tasks:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                for task in self._tasks:
+                    task.cancel()
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+                return
+            await asyncio.wait(set(self._tasks), timeout=remaining)
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Run a background task owned by the pool (cancelled and awaited by aclose)."""

@@ -1,0 +1,147 @@
+"""Shared fixtures: fault-injection kernelspecs, running workers, leak checks."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+_SIGINT_IGNORING = (
+    "import signal\n"
+    "_real = signal.signal\n"
+    "def _patched(sig, handler):\n"
+    "    return _real(sig, signal.SIG_IGN if sig == signal.SIGINT else handler)\n"
+    "signal.signal = _patched\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+    "from ipykernel.kernelapp import launch_new_instance\n"
+    "launch_new_instance()\n"
+)
+_SLOW_START = "import time\ntime.sleep(1.5)\nfrom ipykernel.kernelapp import launch_new_instance\nlaunch_new_instance()\n"
+_FAILS_TO_START = "import sys\nsys.exit(3)\n"
+
+FAULT_KERNELS = {
+    "ignores-sigint": _SIGINT_IGNORING,
+    "slow-start": _SLOW_START,
+    "fails-to-start": _FAILS_TO_START,
+}
+
+
+@pytest.fixture(scope="session")
+def fault_kernels_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Jupyter data dir holding the fault-injection kernelspecs (use as JUPYTER_PATH)."""
+    root = tmp_path_factory.mktemp("jupyter")
+    for name, code in FAULT_KERNELS.items():
+        spec = root / "kernels" / name
+        spec.mkdir(parents=True)
+        argv = [sys.executable, "-c", code, "-f", "{connection_file}"]
+        spec.joinpath("kernel.json").write_text(
+            json.dumps({"argv": argv, "display_name": name, "language": "python"})
+        )
+    return root
+
+
+@pytest.fixture
+def fault_kernels(fault_kernels_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("JUPYTER_PATH", str(fault_kernels_path))
+    return fault_kernels_path
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class WorkerProcess:
+    """A ``strata-kernel-worker`` started as a real process on loopback."""
+
+    def __init__(self, args: list[str], env: dict[str, str], run_dir: Path) -> None:
+        self.port = free_port()
+        self.run_dir = run_dir
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1",
+               "--port", str(self.port), "--run-dir", str(run_dir), "--log-level", "warning", *args]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+        self.kernel_pids: set[int] = set()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited with {self.proc.returncode}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    self.remember_kernels()
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError("worker did not become healthy")
+
+    def remember_kernels(self) -> set[int]:
+        """Record the worker's current kernel processes (checked for leaks at the end)."""
+        try:
+            children = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return set()
+        pids = {p.pid for p in children}
+        self.kernel_pids |= pids
+        return pids
+
+    def stop(self) -> None:
+        self.remember_kernels()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        for pid in self.kernel_pids:  # anything the worker failed to stop is a test failure
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                psutil.Process(pid).kill()
+                raise AssertionError(f"kernel process {pid} outlived its worker")
+        leftovers = list(self.run_dir.glob("skw-run-*"))
+        assert not leftovers, f"run directories left behind: {leftovers}"
+
+
+def start_worker(
+    tmp_path_factory: pytest.TempPathFactory, *args: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    run_dir = tmp_path_factory.mktemp("runs")
+    full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
+    full_env.update(env or {})
+    worker = WorkerProcess(list(args), full_env, run_dir)
+    try:
+        worker.wait_ready()
+    except BaseException:
+        worker.stop()
+        raise
+    return worker
+
+
+@pytest.fixture(scope="session")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A shared worker with two warm kernels."""
+    w = start_worker(tmp_path_factory, "--pool-size", "2")
+    yield w
+    w.stop()
+
+
+@pytest.fixture(scope="session")
+def solo_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """A worker with exactly one kernel (isolation between consecutive requests)."""
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "30")
+    yield w
+    w.stop()

@@ -1,0 +1,328 @@
+"""The warm kernel pool, on real kernels (no mocks of jupyter_client)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import stat
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from kernel_pool import (
+    ExecutionTimeout,
+    KernelDied,
+    KernelStartError,
+    Lease,
+    Pool,
+    PoolBusy,
+    PoolConfig,
+    PreloadError,
+    RecyclePolicy,
+)
+
+
+def stdout_of(result: object) -> str:
+    outputs = getattr(result, "outputs", ())
+    return "".join(o.content.get("text", "") for o in outputs if o.msg_type == "stream")
+
+
+async def run(lease: Lease, code: str, timeout: float = 20.0) -> str:
+    result = await lease.execute(code, deadline=time.monotonic() + timeout)
+    assert result.ok, result.reply
+    return stdout_of(result)
+
+
+async def settle(pool: Pool, *, idle: int, timeout: float = 30.0) -> None:
+    """Wait (event-free but bounded) until background resets/refills reach ``idle`` kernels."""
+    deadline = time.monotonic() + timeout
+    while pool.stats().idle < idle:
+        assert time.monotonic() < deadline, pool.stats()
+        await asyncio.sleep(0.05)
+
+
+def alive(pid: int | None) -> bool:
+    if pid is None or not psutil.pid_exists(pid):
+        return False
+    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    p = Pool(PoolConfig(size=1, preload="import json\nmodel = {'weights': [1, 2, 3]}"))
+    await p.start()
+    pids = set(p.kernel_pids().values())
+    yield p
+    pids |= set(p.kernel_pids().values())
+    await p.aclose()
+    assert not [pid for pid in pids if alive(pid)], "kernel processes outlived the pool"
+
+
+async def test_lease_executes_and_preload_is_warm(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        assert await run(lease, "print(model['weights'][1] + 40)") == "42\n"
+    assert pool.stats().leases_served == 1
+
+
+async def test_reset_isolates_consecutive_leases(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "import os, sys, tempfile\n"
+            "leaked = 1\n"
+            "os.environ['LEAK_VAR'] = 'x'\n"
+            "os.chdir(tempfile.gettempdir())\n"
+            "sys.path.append('/leak')\n"
+            "model = None\n"
+            "import matplotlib; matplotlib.use('Agg')\n"
+            "import matplotlib.pyplot as plt; plt.figure()\n"
+            "1 + 1\n"
+        ))  # fmt: skip
+    await settle(pool, idle=1)
+    # the preloaded name was replaced: this kernel may not be reused
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+        out = await run(lease, (
+            "import os, sys\n"
+            "print('leaked' in dir(), 'LEAK_VAR' in os.environ, '/leak' in sys.path,\n"
+            "      model, repr(_))\n"
+        ))  # fmt: skip
+    assert out == "False False False {'weights': [1, 2, 3]} ''\n"
+
+
+async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        cwd = await run(lease, "import os\nprint(os.getcwd())")
+        await run(lease, "import os, tempfile\nos.chdir(tempfile.gettempdir())\nx = [0] * 10")
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, "import os\nprint(os.getcwd())") == cwd
+        assert await run(lease, "print('x' in dir(), 'tempfile' in dir())") == "False False\n"
+        await run(lease, "import matplotlib.pyplot as plt\nprint(plt.get_fignums())")
+    stats = pool.stats()
+    assert stats.retirements["failed_reset"] == 0
+
+
+async def test_thread_left_running_retires_the_kernel(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()")
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 1
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+
+
+async def test_child_process_left_running_retires_the_kernel(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        out = await run(lease, "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint(p.pid)")
+        child = int(out)
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 1
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+    deadline = time.monotonic() + 10
+    while alive(child):
+        assert time.monotonic() < deadline, "the cell's child process survived its kernel"
+        await asyncio.sleep(0.05)
+
+
+async def test_timeout_interrupts_then_retires(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        with pytest.raises(ExecutionTimeout):
+            await lease.execute("import time\ntime.sleep(30)", deadline=time.monotonic() + 0.5)
+    assert pool.stats().retirements["timeout"] == 1
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+        assert await run(lease, "print(1)") == "1\n"
+
+
+async def test_cell_ignoring_sigint_is_killed_within_grace() -> None:
+    config = PoolConfig(size=1, interrupt_grace_seconds=0.5)
+    async with Pool(config) as pool, pool.lease() as lease:
+        pid = lease.pid
+        code = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"
+        started = time.monotonic()
+        with pytest.raises(ExecutionTimeout):
+            await lease.execute(code, deadline=started + 0.5)
+        assert time.monotonic() - started < 0.5 + 0.5 + 3.0
+        assert not alive(pid)
+
+
+async def test_kernel_ignoring_sigint_is_killed(fault_kernels: Path) -> None:
+    config = PoolConfig(size=1, kernel_name="ignores-sigint", interrupt_grace_seconds=0.3)
+    async with Pool(config) as pool:
+        async with pool.lease() as lease:
+            started = time.monotonic()
+            with pytest.raises(ExecutionTimeout):
+                await lease.execute("while True:\n    pass", deadline=started + 0.5)
+            assert time.monotonic() - started < 0.5 + 0.3 + 3.0
+        await settle(pool, idle=1)
+
+
+async def test_death_is_reported_promptly_and_replaced(pool: Pool) -> None:
+    for code in ("import os\nos._exit(1)", "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)",
+                 "import ctypes\nctypes.string_at(0)"):  # fmt: skip
+        async with pool.lease() as lease:
+            started = time.monotonic()
+            with pytest.raises(KernelDied):
+                await lease.execute(code, deadline=started + 30)
+            assert time.monotonic() - started < 3.0
+        await settle(pool, idle=1)
+    assert pool.stats().retirements["died"] == 3
+
+
+async def test_external_sigkill_mid_cell(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        pid = lease.pid
+        assert pid is not None
+        task = asyncio.ensure_future(
+            lease.execute("import time\ntime.sleep(20)", deadline=time.monotonic() + 30)
+        )
+        await asyncio.sleep(0.3)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(KernelDied):
+            await asyncio.wait_for(task, 3)
+    await settle(pool, idle=1)
+
+
+async def test_preload_failure_fails_start_with_its_message() -> None:
+    pool = Pool(PoolConfig(size=1, preload="raise RuntimeError('model file missing')"))
+    with pytest.raises(PreloadError, match="RuntimeError: model file missing"):
+        await asyncio.wait_for(pool.start(), 30)
+
+
+async def test_kernel_that_fails_to_start(fault_kernels: Path) -> None:
+    pool = Pool(PoolConfig(size=1, kernel_name="fails-to-start", start_timeout_seconds=10))
+    with pytest.raises(KernelStartError):
+        await asyncio.wait_for(pool.start(), 30)
+
+
+async def test_unknown_kernelspec() -> None:
+    with pytest.raises(KernelStartError, match="no such kernelspec"):
+        await Pool(PoolConfig(size=1, kernel_name="no-such-kernel-anywhere")).start()
+
+
+async def test_slow_starting_kernel_is_waited_for(fault_kernels: Path) -> None:
+    async with Pool(PoolConfig(size=1, kernel_name="slow-start")) as pool:
+        assert pool.stats().kernel_start.max_seconds >= 1.5
+        async with pool.lease() as lease:
+            assert await run(lease, "print(2)") == "2\n"
+
+
+async def test_two_leases_never_share_and_third_waits() -> None:
+    async with Pool(PoolConfig(size=2)) as pool:
+        async with pool.lease() as a, pool.lease() as b:
+            assert a.kernel_id != b.kernel_id
+            with pytest.raises(PoolBusy):
+                async with pool.lease(wait_seconds=0.2):
+                    pass
+            waiter = asyncio.ensure_future(_lease_id(pool))
+            await asyncio.sleep(0.2)
+            assert not waiter.done()
+            released = a.kernel_id
+        assert await asyncio.wait_for(waiter, 10) in {released, b.kernel_id}
+
+
+async def _lease_id(pool: Pool) -> str:
+    async with pool.lease(wait_seconds=10) as lease:
+        return lease.kernel_id
+
+
+async def test_fresh_policy_never_reuses() -> None:
+    async with Pool(PoolConfig(size=1, spares=1, recycle=RecyclePolicy.FRESH)) as pool:
+        seen = []
+        for _ in range(3):
+            async with pool.lease(wait_seconds=30) as lease:
+                assert lease.uses == 0
+                seen.append(lease.kernel_id)
+        assert len(set(seen)) == 3
+        assert pool.stats().retirements["fresh_policy"] == 3
+
+
+async def test_max_uses() -> None:
+    async with Pool(PoolConfig(size=1, max_uses=2)) as pool:
+        ids = []
+        for _ in range(3):
+            async with pool.lease(wait_seconds=30) as lease:
+                ids.append(lease.kernel_id)
+                await run(lease, "pass")
+        assert ids[0] == ids[1] != ids[2]
+        assert pool.stats().retirements["max_uses"] == 1
+
+
+async def test_max_kernel_memory() -> None:
+    async with Pool(PoolConfig(size=1, max_kernel_memory=1)) as pool:
+        async with pool.lease() as lease:
+            first = lease.kernel_id
+        await settle(pool, idle=1)
+        assert pool.stats().retirements["memory"] >= 1
+        async with pool.lease() as lease:
+            assert lease.kernel_id != first
+
+
+async def test_gpu_slots_and_environment() -> None:
+    env = {**os.environ, "POOL_TEST_VISIBLE": "yes"}
+    env.pop("POOL_TEST_SECRET", None)
+    config = PoolConfig(size=2, gpu_slots=("3", "5"), env=env)
+    async with Pool(config) as pool:
+        async with pool.lease() as a, pool.lease() as b:
+            code = "import os\nprint(os.environ.get('CUDA_VISIBLE_DEVICES'), os.environ.get('POOL_TEST_VISIBLE'))"
+            seen = {await run(a, code), await run(b, code)}
+            assert seen == {"3 yes\n", "5 yes\n"}
+            b.retire()
+            slot_b = b.slot
+        await settle(pool, idle=2)
+        async with pool.lease() as a, pool.lease() as b:
+            assert {a.slot, b.slot} == {"3", "5"}
+            replacement = a if a.uses == 0 else b
+            assert replacement.slot == slot_b
+
+
+async def test_connection_files_are_private_and_removed() -> None:
+    pool = Pool(PoolConfig(size=1))
+    await pool.start()
+    private = pool.private_dir
+    assert private is not None
+    assert stat.S_IMODE(private.stat().st_mode) & 0o077 == 0
+    assert list(private.glob("*.json"))
+    await pool.aclose()
+    assert not private.exists()
+
+
+async def test_cancelled_lease_retires_the_kernel(pool: Pool) -> None:
+    async def hold() -> None:
+        async with pool.lease() as lease:
+            await lease.execute("import time\ntime.sleep(20)", deadline=time.monotonic() + 30)
+
+    task = asyncio.ensure_future(hold())
+    await asyncio.sleep(0.5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert pool.stats().retirements["cancelled"] == 1
+    await settle(pool, idle=1)
+    async with pool.lease(wait_seconds=5) as lease:
+        assert await run(lease, "print('ok')") == "ok\n"
+
+
+async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
+    config = PoolConfig(size=1, restart_backoff_seconds=(0.2, 0.4))
+    async with Pool(config) as pool:
+        async with pool.lease() as lease:
+            lease.retire()
+        # break kernel starts from now on: the refill must fail, back off and report it
+        object.__setattr__(pool.config, "kernel_name", "fails-to-start")
+        await asyncio.sleep(2.0)
+        stats = pool.stats()
+        assert 1 <= stats.start_failures <= 8
+        assert stats.last_start_error
