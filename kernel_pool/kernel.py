@@ -120,7 +120,9 @@ class Kernel:
             raise
         self.start_seconds = time.monotonic() - started
         self.state = KernelState.IDLE
-        log.info("kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot)
+        log.info(
+            "kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot
+        )
 
     def _environment(self) -> dict[str, str]:
         env = dict(self._config.env if self._config.env is not None else os.environ)
@@ -371,7 +373,7 @@ class Kernel:
         if self._km is not None and not self.died.is_set():
             await self._km.interrupt_kernel()
 
-    # -- reset and shutdown -------------------------------------------------------------------------
+    # -- reset and shutdown ----------------------------------------------------------------
 
     async def reset(self, deadline: float) -> list[str]:
         """Reset to the baseline; return the problems that make this kernel unfit for reuse."""

@@ -94,7 +94,7 @@ class Pool:
         kernels = list(self._kernels.values())
         self._kernels.clear()
         self._idle.clear()
-        for kernel in kernels:
+        for _ in kernels:
             self._stats.retired(RetireReason.SHUTDOWN)
         await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
         if self._private_dir is not None:
@@ -198,7 +198,9 @@ class Pool:
         if kernel.died.is_set():
             self._retire(kernel, RetireReason.DIED)
         elif problems:
-            log.warning("kernel %s not clean after reset: %s", kernel.kernel_id, "; ".join(problems))
+            log.warning(
+                "kernel %s not clean after reset: %s", kernel.kernel_id, "; ".join(problems)
+            )
             self._retire(kernel, RetireReason.FAILED_RESET)
         elif self._over_memory(kernel):
             self._retire(kernel, RetireReason.MEMORY)

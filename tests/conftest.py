@@ -27,7 +27,12 @@ _SIGINT_IGNORING = (
     "from ipykernel.kernelapp import launch_new_instance\n"
     "launch_new_instance()\n"
 )
-_SLOW_START = "import time\ntime.sleep(1.5)\nfrom ipykernel.kernelapp import launch_new_instance\nlaunch_new_instance()\n"
+_SLOW_START = (
+    "import time\n"
+    "time.sleep(1.5)\n"
+    "from ipykernel.kernelapp import launch_new_instance\n"
+    "launch_new_instance()\n"
+)
 _FAILS_TO_START = "import sys\nsys.exit(3)\n"
 
 FAULT_KERNELS = {

@@ -112,7 +112,10 @@ async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool) -> None:
 async def test_thread_left_running_retires_the_kernel(pool: Pool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
-        await run(lease, "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()")
+        await run(
+            lease,
+            "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
+        )
     await settle(pool, idle=1)
     assert pool.stats().retirements["failed_reset"] == 1
     async with pool.lease() as lease:
@@ -122,7 +125,10 @@ async def test_thread_left_running_retires_the_kernel(pool: Pool) -> None:
 async def test_child_process_left_running_retires_the_kernel(pool: Pool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
-        out = await run(lease, "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint(p.pid)")
+        out = await run(
+            lease,
+            "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint(p.pid)",
+        )
         child = int(out)
     await settle(pool, idle=1)
     assert pool.stats().retirements["failed_reset"] == 1

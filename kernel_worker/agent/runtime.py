@@ -1,0 +1,243 @@
+"""The in-kernel side of one cell run: bind inputs before the cell, collect outputs after.
+
+Shipped into every kernel as ``strata_kernel_agent.runtime`` (stdlib only at import time).
+The worker sends ONE ``execute_request`` per cell: its ``metadata["strata"]`` holds the run
+plan (data only: paths, names, formats, env), which the ``pre_run_cell`` hook applies; the
+request's ``user_expressions`` call :func:`collect` after the cell, so outputs come back in
+the ``execute_reply``. Nothing of the request is ever turned into kernel source.
+"""
+
+import ast
+import contextlib
+import json
+import os
+import sys
+
+from . import codecs
+
+_SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
+
+
+class _Run:
+    """Per-request state; one exists between ``pre_run_cell`` and the pool's reset."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.before = {}
+        self.inputs = {}
+        self.fingerprints = {}
+        self.displays = []
+        self.recording = True
+        self.error = None
+
+
+_state = {"run": None, "shell": None, "display": None}
+
+
+def _current():
+    return _state["run"]
+
+
+# -- displays ------------------------------------------------------------------------------------
+
+
+def display(*objs, **kwargs):
+    """IPython's ``display`` that also records the objects for the reference's display view."""
+    run = _current()
+    if run is not None and run.recording and not kwargs.get("raw"):
+        run.displays.extend(obj for obj in objs if obj is not None)
+    return _state["display"](*objs, **kwargs)
+
+
+def _patch_display():
+    import IPython.core.display_functions as functions
+    import IPython.display as public
+
+    _state["display"] = functions.display
+    functions.display = display
+    public.display = display
+    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    if inline is not None:
+        inline.display = display
+
+
+def _stop_recording():
+    """``post_execute`` runs before the inline backend flushes figures nobody showed."""
+    run = _current()
+    if run is not None:
+        run.recording = False
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def _parent_plan(shell):
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return None
+    parent = kernel.get_parent("shell") or {}
+    metadata = parent.get("metadata") or {}
+    return metadata.get("strata")
+
+
+def _pre_run_cell(info=None):
+    shell = _state["shell"]
+    plan = _parent_plan(shell)
+    if plan is None:
+        return
+    run = _Run(plan)
+    _state["run"] = run
+    try:
+        _prepare(shell, run)
+    except BaseException as exc:  # reported as the cell's own failure, never swallowed
+        run.error = exc
+    run.before = {name: id(value) for name, value in shell.user_ns.items()}
+
+
+def _prepare(shell, run):
+    plan = run.plan
+    for key, value in (plan.get("env") or {}).items():
+        os.environ[str(key)] = str(value)
+    work_dir = plan.get("work_dir")
+    if work_dir:
+        os.chdir(work_dir)
+    ns = shell.user_ns
+    for spec in plan.get("inputs", ()):
+        name = spec["name"]
+        try:
+            injected = {
+                sub["name"]: codecs.load_input(sub["path"], sub["content_type"])
+                for sub in spec.get("injected", ())
+            }
+            value = codecs.load_input(
+                spec["path"], spec["content_type"], injected=injected or None, work_dir=work_dir
+            )
+        except Exception as exc:
+            raise InputError(f"Error deserializing {name}: {exc}") from exc
+        ns[name] = value
+        run.inputs[name] = value
+        run.fingerprints[name] = codecs.fingerprint(value)
+    for name, value in (plan.get("bindings") or {}).items():
+        ns[name] = value
+
+
+class InputError(Exception):
+    """An input could not be loaded; the cell does not run."""
+
+
+def raise_pending():
+    """Called in place of the cell when preparing it failed."""
+    run = _current()
+    if run is not None and run.error is not None:
+        error, run.error = run.error, None
+        raise error
+
+
+class _FailCell(ast.NodeTransformer):
+    """Replace the cell by :func:`raise_pending` when its inputs could not be prepared."""
+
+    def visit_Module(self, node):
+        run = _current()
+        if run is None or run.error is None:
+            return node
+        call = ast.parse("__import__('strata_kernel_agent').runtime.raise_pending()")
+        return ast.fix_missing_locations(call)
+
+
+# -- collection ----------------------------------------------------------------------------------
+
+
+def _is_output(name, value_id, run):
+    if name.startswith("_") or name in _SKIPPED_NAMES:
+        return False
+    if name in run.plan.get("mutation_defines", ()):
+        return True
+    return run.before.get(name) != value_id
+
+
+def _serialize(name, value, files_dir, for_display=False):
+    try:
+        return codecs.serialize(name, value, files_dir, for_display=for_display)
+    except Exception as exc:  # a codec bug must not lose the other outputs
+        return {"error": f"{type(exc).__name__}: {exc}", "type": type(value).__name__}
+
+
+def _collect_variables(ns, run, files_dir):
+    variables = {}
+    values = {}
+    for name, value in list(ns.items()):
+        if _is_output(name, id(value), run):
+            variables[name] = _serialize(name, value, files_dir)
+            values[name] = value
+    return variables, values
+
+
+def _collect_displays(shell, run, variables, values, files_dir):
+    result = getattr(shell.last_execution_result, "result", None)
+    shown = list(run.displays)
+    if result is not None:
+        shown.append(result)
+    displays = []
+    for index, obj in enumerate(shown):
+        displays.append(_display_entry(index, obj, variables, values, files_dir))
+    return displays
+
+
+def _display_entry(index, obj, variables, values, files_dir):
+    entry = _serialize(f"__display__{index}", obj, files_dir, for_display=True)
+    for name, value in values.items():
+        meta = variables[name]
+        if value is obj and meta.get("content_type") == entry.get("content_type"):
+            _discard(files_dir, entry)
+            return dict(meta)
+    return entry
+
+
+def _discard(files_dir, entry):
+    name = entry.get("file")
+    if name:
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(files_dir, name))
+
+
+def collect():
+    """Serialize the cell's outputs and displays; return them as JSON text."""
+    shell = _state["shell"]
+    run = _current()
+    if run is None:
+        return json.dumps({"error": "no run in progress"})
+    files_dir = run.plan["files_dir"]
+    ns = shell.user_ns
+    variables, values = _collect_variables(ns, run, files_dir)
+    displays = _collect_displays(shell, run, variables, values, files_dir)
+    if displays:
+        variables["_"] = displays[-1]
+    warnings = codecs.mutation_warnings(run.fingerprints, ns, set(run.inputs), values)
+    report = {
+        "variables": variables,
+        "displays": displays,
+        "mutation_warnings": warnings,
+        "build_env": codecs.build_env(),
+    }
+    return json.dumps(report, default=repr)
+
+
+def _end_run():
+    _state["run"] = None
+
+
+def install(shell):
+    """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
+    _state["shell"] = shell
+    _patch_display()
+    shell.events.register("pre_run_cell", _pre_run_cell)
+    shell.events.register("post_execute", _stop_recording)
+    shell.ast_transformers.append(_FailCell())
+    shell.user_ns["display"] = display
+    from IPython.display import Markdown
+
+    shell.user_ns["Markdown"] = Markdown
+    pool_helper = sys.modules.get("_kernel_pool_agent")
+    if pool_helper is not None:
+        pool_helper.register_reset_hook(_end_run)
+    return True

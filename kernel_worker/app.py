@@ -1,0 +1,105 @@
+"""The ASGI application: ``create_app`` and the lifespan that owns the kernel pool."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import psutil
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from kernel_pool import Pool, PoolConfig
+
+from . import __version__
+from .agent import setup_code
+from .auth import scrub_secrets
+from .errors import WorkerError, error_response
+from .execution import ExecutionContext
+from .routes import router
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Everything a request handler needs, created once per application."""
+
+    settings: Settings
+    pool: Pool
+    context: ExecutionContext
+    started_at: float = field(default_factory=time.monotonic)
+    active_executions: int = 0
+
+
+def hardware_report() -> dict[str, object]:
+    """CPU and memory of this machine (computed once at start-up)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cpus = os.cpu_count() or 1
+    return {"cpus": cpus, "memory_mb": psutil.virtual_memory().total // (1024 * 1024)}
+
+
+def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
+    preload = None
+    if settings.preload:
+        with open(settings.preload, encoding="utf-8") as fh:
+            preload = fh.read()
+    return PoolConfig(
+        size=settings.pool_size,
+        spares=settings.spares,
+        kernel_name=settings.kernel_name,
+        setup_code=setup_code(),
+        preload=preload,
+        recycle=settings.recycle,
+        max_uses=settings.max_uses,
+        max_kernel_memory=settings.max_kernel_memory,
+        gpu_slots=settings.gpu_slots,
+        env=kernel_env,
+        kernel_user=settings.kernel_user,
+        interrupt_grace_seconds=settings.interrupt_grace_seconds,
+    )
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the worker application; the pool starts with the app's lifespan."""
+    settings = settings or Settings()
+    secrets = scrub_secrets(os.environ)
+    if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
+        settings = _with_token(settings, secrets["STRATA_WORKER_TOKEN"].strip())
+    kernel_env = dict(os.environ)
+    pool = Pool(pool_config(settings, kernel_env))
+    state = WorkerState(settings, pool, ExecutionContext(hardware_report(), settings.console_cap))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
+        try:
+            yield
+        finally:
+            await pool.aclose()
+
+    app = FastAPI(title="strata-kernel-worker", version=__version__, lifespan=lifespan)
+    app.state.worker = state
+    app.include_router(router)
+    app.add_exception_handler(WorkerError, _worker_error_handler)
+    return app
+
+
+def _with_token(settings: Settings, token: str) -> Settings:
+    from dataclasses import replace
+
+    return replace(settings, token=token)
+
+
+async def _worker_error_handler(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, WorkerError)
+    state: WorkerState = request.app.state.worker
+    return error_response(exc, timeout_status=state.settings.timeout_status)

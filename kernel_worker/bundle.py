@@ -1,0 +1,387 @@
+"""The output bundle (``notebook-output-bundle@v1``): one gzipped tar per cell run.
+
+One archive satisfies two readers (ARCHITECTURE §1):
+
+* the real client (strata-notebook 0.11, spec §7), which reads ``manifest.json``
+  (``schema_version``, ``success``, ``variables``, ``displays``, ``stdout_file``,
+  ``stderr_file``, ``error``, ``traceback``, ``mutation_warnings``, ``build_env``,
+  ``hardware``, ``output_dirs``), ``stdout.txt``, ``stderr.txt``, ``files/<name>`` and
+  ``dirs/<folder>/<path>``;
+* the seed page, which adds manifest keys ``protocol_version``, ``executor_ref``,
+  ``duration_ms``, ``outputs[]``, ``display[]``, ``console`` and members ``console.json``,
+  ``error.json`` (failures only), ``display/<file>`` (the IPython mime files) and
+  ``outputs/<name>``, which are tar hard links to ``files/<name>`` (no byte stored twice).
+
+Member order: ``stdout.txt``, ``stderr.txt``, ``console.json``, ``error.json``, ``dirs/``,
+``files/``, ``display/``, ``outputs/``, and ``manifest.json`` last, so the manifest
+describes exactly what was written. Generated members (and copied ones, whose stat is not
+carried) have mode 0644, uid/gid 0 and mtime 0; the gzip header has mtime 0 and no name,
+so equal runs give equal bytes.
+
+The run directory is writable by the cell, so every file is opened without following
+links (a symlink or FIFO planted under ``files/`` is treated as missing) and streamed
+into the tar. A variable whose file is missing becomes an error entry, never a bundle the
+client rejects; a missing mime file or output-dir file is left out of the manifest.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+import stat
+import tarfile
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO
+
+__all__ = [
+    "EXECUTOR_REF",
+    "SCHEMA_VERSION",
+    "CellOutcome",
+    "MimeDisplay",
+    "build_manifest",
+    "write_bundle",
+]
+
+SCHEMA_VERSION = "notebook-output-bundle@v1"
+EXECUTOR_REF = "notebook_cell@v1"
+STDOUT_MEMBER = "stdout.txt"
+STDERR_MEMBER = "stderr.txt"
+CONSOLE_MEMBER = "console.json"
+ERROR_MEMBER = "error.json"
+MANIFEST_MEMBER = "manifest.json"
+FILES_DIR = "files"
+DISPLAY_DIR = "display"
+DIRS_DIR = "dirs"
+OUTPUTS_DIR = "outputs"
+
+
+@dataclass(frozen=True, slots=True)
+class MimeDisplay:
+    """One IPython display output's mime file, already written under ``run_dir/display``."""
+
+    file: str  # basename inside run_dir/display, e.g. "0.png"
+    content_type: str  # e.g. "image/png", "text/html"
+    index: int  # which display output (0, 1, …); one output may have several mime files
+    output_type: str  # "display_data" or "execute_result"
+
+
+@dataclass(frozen=True, slots=True)
+class CellOutcome:
+    """Everything a finished cell left behind, ready to be bundled."""
+
+    success: bool
+    # Codec metadata per variable; "file" is a basename inside run_dir/files.
+    variables: Mapping[str, Mapping[str, object]]
+    displays: Sequence[Mapping[str, object]]  # reference displays, same convention
+    mime_displays: Sequence[MimeDisplay]
+    stdout: str
+    stderr: str
+    error: str | None
+    error_type: str | None
+    traceback: str | None
+    mutation_warnings: Sequence[Mapping[str, str]]
+    build_env: str
+    hardware: Mapping[str, object]
+    duration_ms: int
+    # folder -> {relative path: size}, the files under run_dir/dirs/<folder>
+    output_dirs: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+
+
+def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[str, object]:
+    """The manifest for *outcome*, given the members actually present.
+
+    Pure. *file_sizes* maps member names (``files/x.json``, ``display/0.png``,
+    ``dirs/<folder>/<path>``) to their sizes; a referenced name absent from it counts as
+    missing. Each ``file`` is rewritten to ``files/<basename>``.
+    """
+    variables = {
+        name: _bundle_entry(meta, file_sizes, f"variable {name!r}", required=True)
+        for name, meta in outcome.variables.items()
+    }
+    manifest: dict[str, object] = {
+        "schema_version": SCHEMA_VERSION,
+        "success": outcome.success,
+        "variables": variables,
+        "displays": [
+            _bundle_entry(meta, file_sizes, f"display {i}", required=False)
+            for i, meta in enumerate(outcome.displays)
+        ],
+        "stdout_file": STDOUT_MEMBER,
+        "stderr_file": STDERR_MEMBER,
+        "error": outcome.error,
+        "traceback": outcome.traceback,
+        "mutation_warnings": [dict(warning) for warning in outcome.mutation_warnings],
+        "build_env": outcome.build_env,
+        "output_dirs": _output_dirs(outcome.output_dirs, file_sizes),
+        # The seed page's keys, alongside.
+        "protocol_version": SCHEMA_VERSION,
+        "executor_ref": EXECUTOR_REF,
+        "duration_ms": outcome.duration_ms,
+        "outputs": _seed_outputs(variables, file_sizes),
+        "display": _seed_display(outcome.mime_displays, file_sizes),
+        "console": CONSOLE_MEMBER,
+    }
+    if outcome.hardware:  # as the reference: absent rather than an empty machine
+        manifest["hardware"] = dict(outcome.hardware)
+    return manifest
+
+
+def write_bundle(
+    run_dir: Path, outcome: CellOutcome, fileobj: BinaryIO, *, compresslevel: int = 1
+) -> int:
+    """Write the gzipped bundle for *outcome* to *fileobj*; return the bytes written.
+
+    Synchronous and blocking (tar, gzip, file reads): run it in a worker thread.
+    *fileobj* is written to and left open.
+    """
+    counter = _CountingWriter(fileobj)
+    with (
+        gzip.GzipFile(
+            filename="", mode="wb", fileobj=counter, compresslevel=compresslevel, mtime=0
+        ) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
+        _write_members(tar, run_dir, outcome)
+    return counter.written
+
+
+# ---- manifest pieces -----------------------------------------------------------------
+
+
+def _bundle_entry(
+    meta: Mapping[str, object], sizes: Mapping[str, int], what: str, *, required: bool
+) -> dict[str, object]:
+    """*meta* with ``file`` as ``files/<basename>``, or an error entry if it is missing."""
+    entry = dict(meta)
+    if "error" in entry or (not required and entry.get("file") is None):
+        return entry
+    member = _files_member(entry.get("file"))
+    if member is None or member not in sizes:
+        kind = entry.get("type")
+        return {
+            "error": f"The output file of {what} was not produced",
+            "type": kind if isinstance(kind, str) and kind else "MissingOutputFile",
+        }
+    entry["file"] = member
+    return entry
+
+
+def _seed_outputs(
+    variables: Mapping[str, Mapping[str, object]], sizes: Mapping[str, int]
+) -> list[dict[str, object]]:
+    outputs: list[dict[str, object]] = []
+    for name in sorted(variables):
+        member = variables[name].get("file")
+        if "error" in variables[name] or not isinstance(member, str):
+            continue
+        outputs.append(
+            {
+                "name": name,
+                "content_type": variables[name].get("content_type"),
+                "file": _outputs_member(member),
+                "bytes": sizes[member],
+            }
+        )
+    return outputs
+
+
+def _seed_display(
+    mime_displays: Sequence[MimeDisplay], sizes: Mapping[str, int]
+) -> list[dict[str, object]]:
+    entries: list[dict[str, object]] = []
+    for mime in mime_displays:
+        member = _display_member(mime.file)
+        if member is None or member not in sizes:
+            continue
+        entries.append(
+            {
+                "file": member,
+                "content_type": mime.content_type,
+                "bytes": sizes[member],
+                "index": mime.index,
+                "output_type": mime.output_type,
+            }
+        )
+    return entries
+
+
+def _output_dirs(
+    output_dirs: Mapping[str, Mapping[str, int]], sizes: Mapping[str, int]
+) -> dict[str, dict[str, int]]:
+    described: dict[str, dict[str, int]] = {}
+    for folder in sorted(output_dirs):
+        if not folder.isidentifier():
+            continue
+        described[folder] = {
+            rel: sizes[member]
+            for rel in sorted(output_dirs[folder])
+            if (member := _dirs_member(folder, rel)) is not None and member in sizes
+        }
+    return described
+
+
+# ---- member names (None: not a name we will ever write) ------------------------------
+
+
+def _plain(name: object) -> str | None:
+    if not isinstance(name, str) or name in ("", ".", ".."):
+        return None
+    return None if any(c in name for c in "/\\\x00") else name
+
+
+def _files_member(file: object) -> str | None:
+    """``files/<basename>`` (the reference keeps only the last path component)."""
+    base = _plain(file.rsplit("/", 1)[-1]) if isinstance(file, str) else None
+    return f"{FILES_DIR}/{base}" if base else None
+
+
+def _display_member(file: str) -> str | None:
+    base = _plain(file)
+    return f"{DISPLAY_DIR}/{base}" if base else None
+
+
+def _outputs_member(files_member: str) -> str:
+    return f"{OUTPUTS_DIR}/{files_member.removeprefix(FILES_DIR + '/')}"
+
+
+def _dirs_member(folder: str, rel: str) -> str | None:
+    parts = PurePosixPath(rel).parts
+    if not parts or rel.startswith("/") or any(_plain(part) is None for part in parts):
+        return None
+    return f"{DIRS_DIR}/{folder}/{'/'.join(parts)}"
+
+
+# ---- writing -------------------------------------------------------------------------
+
+
+def _write_members(tar: tarfile.TarFile, run_dir: Path, outcome: CellOutcome) -> None:
+    _add_bytes(tar, STDOUT_MEMBER, outcome.stdout.encode("utf-8", "replace"))
+    _add_bytes(tar, STDERR_MEMBER, outcome.stderr.encode("utf-8", "replace"))
+    _add_bytes(tar, CONSOLE_MEMBER, _json({"stdout": outcome.stdout, "stderr": outcome.stderr}))
+    if not outcome.success:
+        _add_bytes(tar, ERROR_MEMBER, _json(_error_document(outcome)))
+    sizes: dict[str, int] = {}
+    for member in _wanted_members(outcome):
+        size = _add_run_file(tar, run_dir, member)
+        if size is not None:
+            sizes[member] = size
+    manifest = build_manifest(outcome, sizes)
+    # One hard link per distinct file, even when several variables name it.
+    for link in dict.fromkeys(str(output["file"]) for output in _as_list(manifest["outputs"])):
+        _add_link(tar, link, f"{FILES_DIR}/{PurePosixPath(link).name}")
+    _add_bytes(tar, MANIFEST_MEMBER, _json(manifest))
+
+
+def _wanted_members(outcome: CellOutcome) -> list[str]:
+    """Every run-directory file the outcome refers to, once each, in member order."""
+    dirs = [
+        _dirs_member(folder, rel)
+        for folder in sorted(outcome.output_dirs)
+        if folder.isidentifier()
+        for rel in sorted(outcome.output_dirs[folder])
+    ]
+    files = [
+        _files_member(meta.get("file"))
+        for meta in [*outcome.variables.values(), *outcome.displays]
+        if "error" not in meta
+    ]
+    display = [_display_member(mime.file) for mime in outcome.mime_displays]
+    return [name for name in dict.fromkeys([*dirs, *files, *display]) if name is not None]
+
+
+def _error_document(outcome: CellOutcome) -> dict[str, object]:
+    return {
+        "type": outcome.error_type or "Error",
+        "message": outcome.error or "",
+        "traceback": outcome.traceback or "",
+        "exit_code": 1,
+    }
+
+
+def _add_run_file(tar: tarfile.TarFile, run_dir: Path, member: str) -> int | None:
+    """Stream ``run_dir/<member>`` into the tar; None when it is not a regular file."""
+    with _open_regular(run_dir, member.split("/")) as source:
+        if source is None:
+            return None
+        info = _info(member, os.fstat(source.fileno()).st_size)
+        tar.addfile(info, source)
+        return info.size
+
+
+@contextmanager
+def _open_regular(root: Path, parts: list[str]) -> Iterator[BinaryIO | None]:
+    """Open ``root/<parts…>`` following no link on the way; None unless a regular file."""
+    file_fd = _open_no_follow(root, parts)
+    if file_fd is not None and not stat.S_ISREG(os.fstat(file_fd).st_mode):
+        os.close(file_fd)
+        file_fd = None
+    if file_fd is None:
+        yield None
+        return
+    with os.fdopen(file_fd, "rb") as source:
+        yield source
+
+
+def _open_no_follow(root: Path, parts: list[str]) -> int | None:
+    """A read-only descriptor for ``root/<parts…>``, or None if any step fails or links."""
+    with ExitStack() as stack:
+        try:
+            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+            stack.callback(os.close, fd)
+            for part in parts[:-1]:
+                fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                stack.callback(os.close, fd)
+            # O_NONBLOCK: opening a FIFO planted by the cell must not hang the bundle.
+            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+        except OSError:
+            return None
+
+
+def _info(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
+    tar.addfile(_info(name, len(data)), io.BytesIO(data))
+
+
+def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
+    info = _info(name, 0)
+    info.type = tarfile.LNKTYPE
+    info.linkname = target
+    tar.addfile(info)
+
+
+def _json(document: object) -> bytes:
+    return json.dumps(document, indent=2, sort_keys=True).encode("utf-8")
+
+
+def _as_list(value: object) -> list[dict[str, object]]:
+    return value if isinstance(value, list) else []
+
+
+class _CountingWriter:
+    """A write-only file object that forwards to another and counts the bytes."""
+
+    def __init__(self, target: BinaryIO) -> None:
+        self._target = target
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self._target.write(data)
+        self.written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._target.flush()

@@ -1,0 +1,217 @@
+"""``strata-kernel-worker``: start the worker (a warm kernel pool behind the v1 protocol)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernel_pool import RecyclePolicy
+
+from .settings import DEFAULT_PORT, Settings, max_input_bytes_from_env, parse_gpu_slots, parse_size
+
+ENV_PREFIX = "STRATA_KERNEL_WORKER_"
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _slots(text: str) -> tuple[str, ...]:
+    try:
+        return parse_gpu_slots(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+# flag, environment variable, type, help
+_OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
+    (
+        "--host",
+        f"{ENV_PREFIX}HOST",
+        str,
+        "address to bind (default 127.0.0.1; 0.0.0.0 when a token is set)",
+    ),
+    ("--port", f"{ENV_PREFIX}PORT", int, f"port to bind (default {DEFAULT_PORT})"),
+    (
+        "--pool-size",
+        f"{ENV_PREFIX}POOL_SIZE",
+        _positive_int,
+        "kernels that run cells at once (default 2)",
+    ),
+    (
+        "--spares",
+        f"{ENV_PREFIX}SPARES",
+        _non_negative_int,
+        "extra warm kernels so a restart never makes a request wait (default 0)",
+    ),
+    (
+        "--kernel-name",
+        f"{ENV_PREFIX}KERNEL_NAME",
+        str,
+        "Jupyter kernelspec to run (default: ipykernel of this Python)",
+    ),
+    (
+        "--preload",
+        f"{ENV_PREFIX}PRELOAD",
+        str,
+        "Python file run in every kernel at start (imports, models); its names stay warm",
+    ),
+    (
+        "--recycle",
+        f"{ENV_PREFIX}RECYCLE",
+        str,
+        "after a cell: 'reset' the kernel to its warm baseline (default) or use a 'fresh' one",
+    ),
+    (
+        "--max-uses",
+        f"{ENV_PREFIX}MAX_USES",
+        _positive_int,
+        "restart a kernel after this many cells (default: never)",
+    ),
+    (
+        "--max-kernel-memory",
+        f"{ENV_PREFIX}MAX_KERNEL_MEMORY",
+        _size,
+        "restart a kernel whose memory exceeds this after a cell, e.g. 4G (default: no limit)",
+    ),
+    (
+        "--gpu-slots",
+        "STRATA_WORKER_GPU_SLOTS",
+        _slots,
+        "GPUs to pin kernels to: a count N (ids 0..N-1) or a list like 0,2 (default: none)",
+    ),
+    (
+        "--timeout-status",
+        f"{ENV_PREFIX}TIMEOUT_STATUS",
+        int,
+        "HTTP status for a cell that times out: 408 (what Strata expects, default) or 504",
+    ),
+    (
+        "--queue-wait",
+        f"{ENV_PREFIX}QUEUE_WAIT",
+        _seconds,
+        "seconds a request waits for a free kernel before 503 (default 5)",
+    ),
+    (
+        "--console-cap",
+        f"{ENV_PREFIX}CONSOLE_CAP",
+        _size,
+        "characters of stdout/stderr kept per stream (default 16M)",
+    ),
+    (
+        "--run-dir",
+        f"{ENV_PREFIX}RUN_DIR",
+        Path,
+        "where per-request directories are made (default: the system temp dir)",
+    ),
+    ("--log-level", f"{ENV_PREFIX}LOG_LEVEL", str, "debug, info (default), warning or error"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="strata-kernel-worker",
+        description=(
+            "Serve the Strata notebook executor protocol v1 from a pool of warm Jupyter "
+            "kernels. Every option can also be set by the environment variable shown."
+        ),
+    )
+    for flag, env, kind, text in _OPTIONS:
+        parser.add_argument(flag, type=kind, default=None, help=f"{text} [env {env}]")
+    parser.set_defaults(_env={flag: env for flag, env, _, _ in _OPTIONS})
+    return parser
+
+
+def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Settings:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    values: dict[str, Any] = {}
+    for flag, env, kind, _ in _OPTIONS:
+        dest = flag[2:].replace("-", "_")
+        value = getattr(args, dest)
+        if value is None and environ.get(env, "").strip():
+            try:
+                value = kind(environ[env].strip())
+            except (ValueError, argparse.ArgumentTypeError) as exc:
+                parser.error(f"{env}: {exc}")
+        if value is not None:
+            values[dest] = value
+    return _settings(parser, values, environ)
+
+
+def _settings(
+    parser: argparse.ArgumentParser, values: dict[str, Any], environ: Mapping[str, str]
+) -> Settings:
+    token = environ.get("STRATA_WORKER_TOKEN", "").strip() or None
+    recycle = values.pop("recycle", "reset")
+    if recycle not in ("reset", "fresh"):
+        parser.error("--recycle must be 'reset' or 'fresh'")
+    preload = values.get("preload")
+    if preload is not None and not os.path.isfile(preload):
+        parser.error(f"--preload: no such file: {preload}")
+    kwargs: dict[str, Any] = {
+        "host": values.pop("host", "0.0.0.0" if token else "127.0.0.1"),
+        "pool_size": values.pop("pool_size", 2),
+        "recycle": RecyclePolicy(recycle),
+        "token": token,
+        "max_input_bytes": max_input_bytes_from_env(environ),
+        "queue_wait_seconds": values.pop("queue_wait", 5.0),
+        "run_root": values.pop("run_dir", None),
+        "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
+        **values,
+    }
+    try:
+        return Settings(**kwargs)
+    except ValueError as exc:
+        parser.error(str(exc))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    from .app import create_app
+
+    settings = settings_from(argv, os.environ)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    log = logging.getLogger("kernel_worker")
+    if settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning(
+            "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
+        )
+    app = create_app(settings)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

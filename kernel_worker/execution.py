@@ -1,0 +1,208 @@
+"""One cell on a leased kernel: plan → one execute_request → outcome.
+
+The run plan travels as data in the request's metadata (the agent's ``pre_run_cell`` hook
+binds inputs from it); outputs come back in the same request's ``execute_reply`` through a
+``user_expressions`` call of the agent, so a cell costs one round trip to the kernel.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import base64
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease
+
+from .agent import AGENT_PACKAGE
+from .bundle import CellOutcome, MimeDisplay
+from .envelopes import CellRequest
+from .errors import CellTimedOut, KernelCrashed
+from .messages import JupyterDisplay, OutputReducer
+
+log = logging.getLogger(__name__)
+
+_COLLECT = f"__import__('sys').modules['{AGENT_PACKAGE}'].runtime.collect()"
+_MIME_EXTENSIONS = {
+    "image/png": ".png",
+    "image/jpeg": ".jpg",
+    "image/gif": ".gif",
+    "image/svg+xml": ".svg",
+    "text/html": ".html",
+    "text/markdown": ".md",
+    "text/latex": ".tex",
+    "text/plain": ".txt",
+    "application/json": ".json",
+    "application/javascript": ".js",
+    "application/pdf": ".pdf",
+}
+_BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
+
+
+@dataclass(frozen=True, slots=True)
+class RunDir:
+    """The per-request directory layout (everything the request touches lives here)."""
+
+    root: Path
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def files(self) -> Path:
+        return self.root / "files"
+
+    @property
+    def display(self) -> Path:
+        return self.root / "display"
+
+    def create(self) -> None:
+        for path in (self.inputs, self.work, self.files, self.display):
+            path.mkdir(exist_ok=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionContext:
+    """What a run needs besides the request: worker-wide facts, computed once."""
+
+    hardware: Mapping[str, object]
+    console_cap: int
+
+
+def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
+    """The data the in-kernel agent needs to bind inputs and collect outputs."""
+    inputs = [
+        {
+            "name": spec.name,
+            "content_type": spec.content_type,
+            "path": str(run_dir.inputs / spec.file),
+            "injected": [
+                {
+                    "name": sub.name,
+                    "content_type": sub.content_type,
+                    "path": str(run_dir.inputs / sub.file),
+                }
+                for sub in spec.injected
+            ],
+        }
+        for spec in request.inputs
+    ]
+    return {
+        "inputs": inputs,
+        "env": dict(request.env),
+        "work_dir": str(run_dir.work),
+        "files_dir": str(run_dir.files),
+        "mutation_defines": list(request.mutation_defines),
+    }
+
+
+async def run_cell(
+    lease: Lease, request: CellRequest, run_dir: RunDir, context: ExecutionContext
+) -> CellOutcome:
+    """Run the cell; raise :class:`CellTimedOut` or :class:`KernelCrashed` when it cannot end."""
+    reducer = OutputReducer(context.console_cap)
+    started = time.monotonic()
+    try:
+        result = await lease.execute(
+            request.source,
+            deadline=started + request.timeout_seconds,
+            store_history=False,
+            metadata={"strata": build_plan(request, run_dir)},
+            user_expressions={"strata": _COLLECT},
+            on_output=reducer.feed,
+        )
+    except ExecutionTimeout:
+        raise CellTimedOut(f"Cell execution timed out after {request.timeout_seconds:g}s") from None
+    except KernelDied as exc:
+        raise KernelCrashed(
+            f"The kernel running the cell died (exit status {exc.exit_code})"
+        ) from None
+    duration_ms = int((time.monotonic() - started) * 1000)
+    return await asyncio.to_thread(_outcome, result, reducer, run_dir, context, duration_ms)
+
+
+def _outcome(
+    result: ExecuteResult,
+    reducer: OutputReducer,
+    run_dir: RunDir,
+    context: ExecutionContext,
+    duration_ms: int,
+) -> CellOutcome:
+    mime = write_jupyter_displays(reducer.displays, run_dir.display)
+    report, failure = _report(result, reducer)
+    common: dict[str, Any] = {
+        "mime_displays": mime,
+        "stdout": reducer.stdout,
+        "stderr": reducer.stderr,
+        "hardware": context.hardware,
+        "duration_ms": duration_ms,
+    }
+    if failure is not None:
+        ename, evalue, traceback = failure
+        return CellOutcome(
+            success=False, variables={}, displays=[], error=evalue, error_type=ename,
+            traceback=traceback, mutation_warnings=[], build_env="", **common,
+        )  # fmt: skip
+    return CellOutcome(
+        success=True,
+        variables=report.get("variables", {}),
+        displays=report.get("displays", []),
+        error=None,
+        error_type=None,
+        traceback=None,
+        mutation_warnings=report.get("mutation_warnings", []),
+        build_env=str(report.get("build_env", "")),
+        **common,
+    )
+
+
+def _report(
+    result: ExecuteResult, reducer: OutputReducer
+) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
+    """The agent's collected outputs, or the cell's failure as (type, message, traceback)."""
+    if not result.ok:
+        error = reducer.error
+        if error is not None:
+            return {}, (error.ename, error.evalue, error.traceback)
+        reply = result.reply
+        return {}, (str(reply.get("ename", "Error")), str(reply.get("evalue", "")), "")
+    entry = result.user_expressions.get("strata") or {}
+    if entry.get("status") != "ok":
+        log.error("output collection failed: %s: %s", entry.get("ename"), entry.get("evalue"))
+        message = f"collecting the cell's outputs failed: {entry.get('ename', 'unknown error')}"
+        return {}, ("OutputCollectionError", message, "")
+    text = ast.literal_eval(entry["data"]["text/plain"])
+    return json.loads(text), None
+
+
+def write_jupyter_displays(displays: Sequence[JupyterDisplay], folder: Path) -> list[MimeDisplay]:
+    """Write every mime type of every display as ``<index><ext>`` (blocking: use a thread)."""
+    written: list[MimeDisplay] = []
+    for index, display in enumerate(displays):
+        for mime, value in display.data.items():
+            ext = _MIME_EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
+            name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
+            (folder / name).write_bytes(_mime_bytes(mime, value))
+            written.append(MimeDisplay(name, mime, index, display.output_type))
+    return written
+
+
+def _mime_bytes(mime: str, value: Any) -> bytes:
+    if mime in _BINARY_MIME and isinstance(value, str):
+        return base64.b64decode(value)
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "".join(value).encode("utf-8")
+    return json.dumps(value, indent=2).encode("utf-8")

@@ -1,0 +1,139 @@
+"""IOPub messages → console, displays and error: a pure reducer over plain data.
+
+Feed it every output of one execution in order (:meth:`OutputReducer.feed`); read the
+console, the Jupyter displays a notebook user would see, and the cell's error at the end.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kernel_pool import Output
+
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+DEFAULT_CONSOLE_CAP = 16 * 1024 * 1024
+
+
+def strip_ansi(text: str) -> str:
+    return _ANSI.sub("", text)
+
+
+@dataclass(slots=True)
+class _Stream:
+    cap: int
+    parts: list[str] = field(default_factory=list)
+    size: int = 0
+    dropped: int = 0
+
+    def add(self, text: str) -> None:
+        room = self.cap - self.size
+        if room >= len(text):
+            self.parts.append(text)
+            self.size += len(text)
+            return
+        if room > 0:
+            self.parts.append(text[:room])
+            self.size += room
+        self.dropped += len(text) - max(room, 0)
+
+    def text(self) -> str:
+        body = "".join(self.parts)
+        if self.dropped:
+            body += f"\n[output truncated: {self.dropped} more characters not kept]\n"
+        return body
+
+
+@dataclass(frozen=True, slots=True)
+class JupyterDisplay:
+    """One display a Jupyter user would see: its mime bundle and where it came from."""
+
+    output_type: str
+    data: Mapping[str, Any]
+    metadata: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class CellError:
+    ename: str
+    evalue: str
+    traceback: str
+
+
+class OutputReducer:
+    """Accumulates one execution's outputs."""
+
+    def __init__(self, console_cap: int = DEFAULT_CONSOLE_CAP) -> None:
+        self._streams = {"stdout": _Stream(console_cap), "stderr": _Stream(console_cap)}
+        self._displays: list[JupyterDisplay] = []
+        self._display_ids: dict[str, list[int]] = {}
+        self._clear_pending = False
+        self.error: CellError | None = None
+
+    def feed(self, output: Output) -> None:
+        handler = getattr(self, f"_on_{output.msg_type}", None)
+        if handler is not None:
+            handler(output.content)
+
+    def _apply_pending_clear(self) -> None:
+        if self._clear_pending:
+            self._clear_pending = False
+            self._displays.clear()
+            self._display_ids.clear()
+
+    def _on_stream(self, content: Mapping[str, Any]) -> None:
+        self._apply_pending_clear()
+        stream = self._streams.get(str(content.get("name")))
+        if stream is not None:
+            stream.add(str(content.get("text", "")))
+
+    def _on_display_data(self, content: Mapping[str, Any]) -> None:
+        self._add_display("display_data", content)
+
+    def _on_execute_result(self, content: Mapping[str, Any]) -> None:
+        self._add_display("execute_result", content)
+
+    def _add_display(self, output_type: str, content: Mapping[str, Any]) -> None:
+        self._apply_pending_clear()
+        display = JupyterDisplay(
+            output_type, dict(content.get("data") or {}), dict(content.get("metadata") or {})
+        )
+        display_id = (content.get("transient") or {}).get("display_id")
+        if display_id:
+            self._display_ids.setdefault(str(display_id), []).append(len(self._displays))
+        self._displays.append(display)
+
+    def _on_update_display_data(self, content: Mapping[str, Any]) -> None:
+        display_id = str((content.get("transient") or {}).get("display_id", ""))
+        for index in self._display_ids.get(display_id, ()):
+            old = self._displays[index]
+            self._displays[index] = JupyterDisplay(
+                old.output_type,
+                dict(content.get("data") or {}),
+                dict(content.get("metadata") or {}),
+            )
+
+    def _on_clear_output(self, content: Mapping[str, Any]) -> None:
+        self._clear_pending = True
+        if not content.get("wait"):
+            self._apply_pending_clear()
+
+    def _on_error(self, content: Mapping[str, Any]) -> None:
+        frames = [strip_ansi(str(line)) for line in content.get("traceback") or ()]
+        self.error = CellError(
+            str(content.get("ename", "Error")), str(content.get("evalue", "")), "\n".join(frames)
+        )
+
+    @property
+    def stdout(self) -> str:
+        return self._streams["stdout"].text()
+
+    @property
+    def stderr(self) -> str:
+        return self._streams["stderr"].text()
+
+    @property
+    def displays(self) -> list[JupyterDisplay]:
+        return list(self._displays)

@@ -1,0 +1,192 @@
+"""HTTP routes: health and the push-model execute endpoints."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fastapi import APIRouter, Depends, Request
+from starlette.background import BackgroundTask
+from starlette.responses import FileResponse, JSONResponse, Response
+
+from kernel_pool import PoolBusy, PoolClosed
+
+from . import __version__
+from .auth import check_bearer
+from .bundle import CellOutcome, write_bundle
+from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
+from .errors import WorkerBusy
+from .execution import RunDir, run_cell
+from .staging import bind_inputs, stage_multipart
+
+if TYPE_CHECKING:
+    from .app import WorkerState
+    from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+EXECUTOR_PROTOCOL = "v1"
+NOTEBOOK_PROTOCOL = "notebook-cell-v1"
+TRANSFORM_REF = "notebook_cell@v1"
+OUTPUT_FORMAT = "notebook-output-bundle@v1"
+BUNDLE_HEADERS = {
+    "X-Strata-Executor-Protocol": EXECUTOR_PROTOCOL,
+    "X-Strata-Notebook-Executor-Protocol": NOTEBOOK_PROTOCOL,
+    "X-Strata-Output-Format": OUTPUT_FORMAT,
+}
+
+
+def _state(request: Request) -> WorkerState:
+    state: WorkerState = request.app.state.worker
+    return state
+
+
+async def require_token(request: Request) -> None:
+    """The bearer-token gate; runs before any body is read."""
+    check_bearer(request.headers.get("authorization"), _state(request).settings.token)
+
+
+router = APIRouter()
+protected = APIRouter(dependencies=[Depends(require_token)])
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """Liveness and capabilities; 503 until a warm kernel exists."""
+    state = _state(request)
+    stats = state.pool.stats()
+    warm = stats.kernels_by_state.get("idle", 0) + stats.kernels_by_state.get("busy", 0)
+    warm += stats.kernels_by_state.get("resetting", 0)
+    slots = state.settings.gpu_slots
+    body: dict[str, Any] = {
+        "status": "healthy" if warm else "unhealthy",
+        "capabilities": {
+            "protocol_versions": [EXECUTOR_PROTOCOL],
+            "transform_refs": [TRANSFORM_REF],
+            "features": _features(),
+        },
+        "version": __version__,
+        "uptime_seconds": round(time.monotonic() - state.started_at, 3),
+        "launch_id": state.settings.launch_id,
+        "active_executions": state.active_executions,
+        "max_concurrent": state.settings.pool_size,
+        "gpu_slots": len(slots) if slots else None,
+        "free_gpu_slots": _free_slots(state) if slots else None,
+        "hardware": dict(state.context.hardware),
+        "pool": {
+            "size": stats.size,
+            "spares": stats.spares,
+            "kernels": dict(stats.kernels_by_state),
+            "leases_served": stats.leases_served,
+            "retirements": dict(stats.retirements),
+            "start_failures": stats.start_failures,
+            "recycle": state.settings.recycle.value,
+        },
+    }
+    return JSONResponse(body, status_code=200 if warm else 503)
+
+
+def _features() -> dict[str, object]:
+    """Advertise only what this worker implements."""
+    return {
+        "notebook_protocol_version": NOTEBOOK_PROTOCOL,
+        "output_format": OUTPUT_FORMAT,
+        "pull_model": False,
+        "cancel": False,
+        "output_dirs": False,
+        "folder_inputs": True,
+        "locked_environments": False,
+        "languages": ["python"],
+        "locked_r_environments": False,
+        "mount_cache_probe": False,
+    }
+
+
+def _free_slots(state: WorkerState) -> int:
+    stats = state.pool.stats()
+    return max(0, min(len(state.settings.gpu_slots), stats.size) - stats.busy)
+
+
+@protected.post("/v1/execute")
+async def execute_v1(request: Request) -> Response:
+    """Push model, executor-v1 envelope (the route the Strata client calls)."""
+    return await _execute(request, parse_execute_v1)
+
+
+@protected.post("/v1/notebook-execute")
+async def notebook_execute(request: Request) -> Response:
+    """Push model, the flat legacy envelope."""
+    return await _execute(request, parse_notebook_execute)
+
+
+async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
+    state = _state(request)
+    root = Path(await asyncio.to_thread(tempfile.mkdtemp, "", "skw-run-", state.settings.run_root))
+    run_dir = RunDir(root)
+    try:
+        await asyncio.to_thread(run_dir.create)
+        cell = await _receive(request, parse, run_dir, state)
+        bundle = await _run(cell, run_dir, state)
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, root, True)
+        raise
+    return FileResponse(
+        bundle,
+        media_type="application/x-tar",
+        headers=BUNDLE_HEADERS,
+        background=BackgroundTask(shutil.rmtree, root, True),
+    )
+
+
+async def _receive(
+    request: Request,
+    parse: Callable[[bytes], CellRequest],
+    run_dir: RunDir,
+    state: WorkerState,
+) -> CellRequest:
+    staged = await stage_multipart(
+        request.stream(),
+        request.headers.get("content-type", ""),
+        run_dir.inputs,
+        max_part_bytes=state.settings.max_input_bytes,
+    )
+    cell = parse(staged.metadata)
+    await asyncio.to_thread(bind_inputs, cell, staged, run_dir.inputs)
+    return cell
+
+
+async def _run(cell: CellRequest, run_dir: RunDir, state: WorkerState) -> Path:
+    state.active_executions += 1
+    try:
+        try:
+            lease_cm = state.pool.lease(wait_seconds=state.settings.queue_wait_seconds)
+            async with lease_cm as lease:
+                outcome = await run_cell(lease, cell, run_dir, state.context)
+        except (PoolBusy, PoolClosed) as exc:
+            raise WorkerBusy(_busy_detail(state, exc)) from None
+        bundle = run_dir.root / "bundle.tar.gz"
+        await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
+        return bundle
+    finally:
+        state.active_executions -= 1
+
+
+def _busy_detail(state: WorkerState, exc: Exception) -> str:
+    if isinstance(exc, PoolClosed):
+        return "Worker is shutting down"
+    size = state.settings.pool_size
+    return f"All {size} kernels are busy (waited {state.settings.queue_wait_seconds:g}s)"
+
+
+def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> None:
+    with open(bundle, "wb") as fh:
+        write_bundle(run_dir.root, outcome, fh, compresslevel=settings.bundle_compresslevel)
+
+
+router.include_router(protected)

@@ -1,0 +1,84 @@
+"""Worker settings: one frozen value built from the command line and the environment."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kernel_pool import RecyclePolicy
+
+DEFAULT_PORT = 9000
+DEFAULT_MAX_INPUT_BYTES = 2 * 1024**3
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """``"512M"``, ``"4GiB"``, ``"1048576"`` → bytes."""
+    match = _SIZE.match(text)
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use e.g. 512M, 4G or a number of bytes)")
+    value = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if value < 1:
+        raise ValueError(f"size must be positive: {text!r}")
+    return int(value)
+
+
+def parse_gpu_slots(text: str) -> tuple[str, ...]:
+    """``"2"`` → ``("0", "1")`` (a count, as the reference takes it); ``"0,3"`` → ids."""
+    text = text.strip()
+    if not text:
+        return ()
+    if text.isdigit():
+        count = int(text)
+        if count < 1:
+            raise ValueError("--gpu-slots must be at least 1")
+        return tuple(str(i) for i in range(count))
+    slots = tuple(part.strip() for part in text.split(","))
+    if any(not slot for slot in slots):
+        raise ValueError(f"empty GPU id in {text!r}")
+    return slots
+
+
+def max_input_bytes_from_env(environ: Mapping[str, str]) -> int:
+    """``STRATA_WORKER_MAX_INPUT_BYTES``; unparsable or non-positive → the default."""
+    try:
+        value = int(environ.get("STRATA_WORKER_MAX_INPUT_BYTES", ""))
+    except ValueError:
+        return DEFAULT_MAX_INPUT_BYTES
+    return value if value > 0 else DEFAULT_MAX_INPUT_BYTES
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    pool_size: int = 2
+    spares: int = 0
+    kernel_name: str | None = None
+    preload: str | None = None
+    recycle: RecyclePolicy = RecyclePolicy.RESET
+    max_uses: int | None = None
+    max_kernel_memory: int | None = None
+    gpu_slots: tuple[str, ...] = ()
+    timeout_status: int = 408
+    log_level: str = "info"
+    token: str | None = field(default=None, repr=False)
+    max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
+    queue_wait_seconds: float = 5.0
+    console_cap: int = 16 * 1024 * 1024
+    bundle_compresslevel: int = 1
+    run_root: Path | None = None
+    kernel_user: str | None = None
+    launch_id: str | None = None
+    interrupt_grace_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.timeout_status not in (408, 504):
+            raise ValueError("timeout status must be 408 or 504")
+        if not 0 <= self.bundle_compresslevel <= 9:
+            raise ValueError("bundle compression level must be 0..9")
+        if self.queue_wait_seconds < 0:
+            raise ValueError("queue wait must not be negative")

@@ -1,0 +1,367 @@
+"""The output bundle: members, hard links, both manifests in one, and hostile run dirs."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import io
+import json
+import os
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kernel_worker.bundle import CellOutcome, MimeDisplay, build_manifest, write_bundle
+
+X_META = {"content_type": "json/object", "file": "x.json", "bytes": 1, "preview": 2}
+REAL_KEYS = {
+    "schema_version",
+    "success",
+    "variables",
+    "displays",
+    "stdout_file",
+    "stderr_file",
+    "error",
+    "traceback",
+    "mutation_warnings",
+    "build_env",
+    "hardware",
+    "output_dirs",
+}
+SEED_KEYS = {"protocol_version", "executor_ref", "duration_ms", "outputs", "display", "console"}
+
+
+def outcome(**changes: Any) -> CellOutcome:
+    base = CellOutcome(
+        success=True,
+        variables={
+            "x": X_META,
+            "_": X_META,
+            "f": {"content_type": "pickle/object", "file": "f.pickle", "codec": "cloudpickle"},
+            "lock": {"error": "cannot pickle '_thread.lock' object", "type": "lock"},
+        },
+        displays=[X_META],
+        mime_displays=[
+            MimeDisplay("0.png", "image/png", 0, "display_data"),
+            MimeDisplay("0.txt", "text/plain", 0, "display_data"),
+            MimeDisplay("1.html", "text/html", 1, "execute_result"),
+        ],
+        stdout="hi ✓\n",
+        stderr="warn\n",
+        error=None,
+        error_type=None,
+        traceback=None,
+        mutation_warnings=[{"var_name": "df", "message": "m", "suggestion": "s"}],
+        build_env="cpython-3.11-linux-x86_64",
+        hardware={"cpus": 2, "memory_mb": 1024},
+        duration_ms=42,
+    )
+    return dataclasses.replace(base, **changes)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    (run / "files").mkdir(parents=True)
+    (run / "display").mkdir()
+    (run / "files" / "x.json").write_bytes(b"2")
+    (run / "files" / "f.pickle").write_bytes(b"\x80\x05pickled")
+    (run / "display" / "0.png").write_bytes(b"\x89PNG....")
+    (run / "display" / "0.txt").write_bytes(b"2")
+    (run / "display" / "1.html").write_bytes(b"<b>2</b>")
+    return run
+
+
+def bundle(run_dir: Path, result: CellOutcome) -> tuple[bytes, tarfile.TarFile]:
+    buffer = io.BytesIO()
+    written = write_bundle(run_dir, result, buffer)
+    data = buffer.getvalue()
+    assert written == len(data)
+    return data, tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
+
+
+def manifest_of(tar: tarfile.TarFile) -> dict[str, Any]:
+    extracted = tar.extractfile("manifest.json")
+    assert extracted is not None
+    raw = extracted.read()
+    document: dict[str, Any] = json.loads(raw)
+    assert raw.decode() == json.dumps(document, indent=2, sort_keys=True)
+    return document
+
+
+def read(tar: tarfile.TarFile, name: str) -> bytes:
+    extracted = tar.extractfile(name)
+    assert extracted is not None
+    return extracted.read()
+
+
+def test_success_members_in_order(run_dir: Path) -> None:
+    data, tar = bundle(run_dir, outcome())
+    assert data[:2] == b"\x1f\x8b"
+    assert tar.getnames() == [
+        "stdout.txt",
+        "stderr.txt",
+        "console.json",
+        "files/x.json",
+        "files/f.pickle",
+        "display/0.png",
+        "display/0.txt",
+        "display/1.html",
+        "outputs/x.json",  # first named by "_", outputs[] being sorted by variable
+        "outputs/f.pickle",
+        "manifest.json",
+    ]
+    assert read(tar, "stdout.txt").decode() == "hi ✓\n"
+    assert read(tar, "stderr.txt") == b"warn\n"
+    assert json.loads(read(tar, "console.json")) == {"stdout": "hi ✓\n", "stderr": "warn\n"}
+    assert read(tar, "files/f.pickle") == b"\x80\x05pickled"
+    assert read(tar, "display/1.html") == b"<b>2</b>"
+
+
+def test_outputs_are_hard_links_to_files(run_dir: Path) -> None:
+    _, tar = bundle(run_dir, outcome())
+    for name in ("outputs/x.json", "outputs/f.pickle"):
+        member = tar.getmember(name)
+        assert member.type == tarfile.LNKTYPE and member.size == 0
+        assert member.linkname == "files/" + name.removeprefix("outputs/")
+    assert read(tar, "outputs/x.json") == b"2"  # tar resolves the link
+    for name in ("display/0.png", "files/x.json"):
+        assert tar.getmember(name).isreg()
+
+
+def test_generated_and_copied_members_are_normalised(run_dir: Path) -> None:
+    os.chmod(run_dir / "files" / "x.json", 0o600)
+    _, tar = bundle(run_dir, outcome())
+    for member in tar.getmembers():
+        assert (member.mode, member.uid, member.gid, member.mtime) == (0o644, 0, 0, 0)
+        assert (member.uname, member.gname) == ("", "")
+
+
+def test_bundle_bytes_are_deterministic(run_dir: Path) -> None:
+    first, _ = bundle(run_dir, outcome())
+    second, _ = bundle(run_dir, outcome())
+    assert first == second
+    header = gzip.GzipFile(fileobj=io.BytesIO(first))
+    header.read()
+    assert header.mtime == 0
+
+
+def test_manifest_has_both_readers_keys(run_dir: Path) -> None:
+    _, tar = bundle(run_dir, outcome())
+    manifest = manifest_of(tar)
+    assert set(manifest) == REAL_KEYS | SEED_KEYS
+    assert manifest["schema_version"] == manifest["protocol_version"] == "notebook-output-bundle@v1"
+    assert manifest["executor_ref"] == "notebook_cell@v1"
+    assert (manifest["stdout_file"], manifest["stderr_file"]) == ("stdout.txt", "stderr.txt")
+    assert manifest["console"] == "console.json"
+    assert manifest["duration_ms"] == 42
+    assert manifest["success"] is True and manifest["error"] is None
+    assert manifest["hardware"] == {"cpus": 2, "memory_mb": 1024}
+    assert manifest["mutation_warnings"] == [{"var_name": "df", "message": "m", "suggestion": "s"}]
+    assert manifest["variables"]["x"] == {**X_META, "file": "files/x.json"}
+    assert manifest["variables"]["_"]["file"] == "files/x.json"
+    assert manifest["variables"]["lock"] == {
+        "error": "cannot pickle '_thread.lock' object",
+        "type": "lock",
+    }
+    assert manifest["displays"] == [{**X_META, "file": "files/x.json"}]
+    assert manifest["output_dirs"] == {}
+    assert manifest["outputs"] == [
+        {"name": "_", "content_type": "json/object", "file": "outputs/x.json", "bytes": 1},
+        {"name": "f", "content_type": "pickle/object", "file": "outputs/f.pickle", "bytes": 9},
+        {"name": "x", "content_type": "json/object", "file": "outputs/x.json", "bytes": 1},
+    ]
+    assert manifest["display"] == [
+        {
+            "file": "display/0.png",
+            "content_type": "image/png",
+            "bytes": 8,
+            "index": 0,
+            "output_type": "display_data",
+        },
+        {
+            "file": "display/0.txt",
+            "content_type": "text/plain",
+            "bytes": 1,
+            "index": 0,
+            "output_type": "display_data",
+        },
+        {
+            "file": "display/1.html",
+            "content_type": "text/html",
+            "bytes": 8,
+            "index": 1,
+            "output_type": "execute_result",
+        },
+    ]
+
+
+def test_failure_bundle(run_dir: Path) -> None:
+    failed = outcome(
+        success=False,
+        variables={},
+        displays=[],
+        mime_displays=[],
+        error="model not loaded",
+        error_type="RuntimeError",
+        traceback="Traceback (most recent call last):\n  ...\nRuntimeError: model not loaded",
+        build_env="",
+        hardware={},
+    )
+    _, tar = bundle(run_dir, failed)
+    assert tar.getnames() == [
+        "stdout.txt",
+        "stderr.txt",
+        "console.json",
+        "error.json",
+        "manifest.json",
+    ]
+    assert json.loads(read(tar, "error.json")) == {
+        "type": "RuntimeError",
+        "message": "model not loaded",
+        "traceback": failed.traceback,
+        "exit_code": 1,
+    }
+    manifest = manifest_of(tar)
+    assert manifest["success"] is False
+    assert manifest["error"] == "model not loaded"
+    assert manifest["traceback"] == failed.traceback
+    assert manifest["outputs"] == [] and manifest["display"] == []
+    assert "hardware" not in manifest  # as the reference: absent, not an empty machine
+
+
+def test_failure_without_a_type(run_dir: Path) -> None:
+    _, tar = bundle(run_dir, outcome(success=False, error=None, error_type=None, variables={}))
+    assert json.loads(read(tar, "error.json")) == {
+        "type": "Error",
+        "message": "",
+        "traceback": "",
+        "exit_code": 1,
+    }
+
+
+def test_output_dirs(run_dir: Path) -> None:
+    folder = run_dir / "dirs" / "ckpt"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "model.bin").write_bytes(b"m" * 1000)
+    (folder / "sub" / "log.txt").write_bytes(b"log")
+    (folder / "evil").symlink_to("/etc/passwd")
+    dirs = {
+        "ckpt": {"model.bin": 1, "sub/log.txt": 3, "gone.txt": 9, "evil": 5, "../up": 1},
+        "not-an-identifier": {"a": 1},
+        "empty": {},
+    }
+    _, tar = bundle(run_dir, outcome(output_dirs=dirs))
+    names = tar.getnames()
+    assert names.index("dirs/ckpt/model.bin") < names.index("files/x.json")
+    assert [n for n in names if n.startswith("dirs/")] == [
+        "dirs/ckpt/model.bin",
+        "dirs/ckpt/sub/log.txt",
+    ]
+    # Sizes are what was written, not what the outcome claimed.
+    assert manifest_of(tar)["output_dirs"] == {
+        "ckpt": {"model.bin": 1000, "sub/log.txt": 3},
+        "empty": {},
+    }
+
+
+def test_each_file_once(run_dir: Path) -> None:
+    shared = {"content_type": "json/object", "file": "x.json"}
+    _, tar = bundle(run_dir, outcome(variables={"x": shared, "y": shared, "_": shared}))
+    names = tar.getnames()
+    assert names.count("files/x.json") == 1
+    assert names.count("outputs/x.json") == 1
+
+
+@pytest.mark.parametrize("kind", ["missing", "symlink", "fifo", "directory"])
+def test_unsafe_or_missing_file_becomes_an_error_entry(run_dir: Path, kind: str) -> None:
+    target = run_dir / "files" / "bad.json"
+    if kind == "symlink":
+        target.symlink_to("/etc/hostname")
+    elif kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "directory":
+        target.mkdir()
+    variables = {"x": X_META, "bad": {"content_type": "json/object", "file": "bad.json"}}
+    _, tar = bundle(run_dir, outcome(variables=variables))
+    assert "files/bad.json" not in tar.getnames()
+    assert manifest_of(tar)["variables"]["bad"] == {
+        "error": "The output file of variable 'bad' was not produced",
+        "type": "MissingOutputFile",
+    }
+
+
+def test_symlinked_files_directory_is_not_followed(run_dir: Path, tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.mkdir()
+    (secret / "x.json").write_bytes(b"secret")
+    for child in (run_dir / "files").iterdir():
+        child.unlink()
+    (run_dir / "files").rmdir()
+    (run_dir / "files").symlink_to(secret)
+    _, tar = bundle(run_dir, outcome())
+    assert not [n for n in tar.getnames() if n.startswith(("files/", "outputs/"))]
+    assert "error" in manifest_of(tar)["variables"]["x"]
+
+
+def test_missing_mime_file_is_left_out(run_dir: Path) -> None:
+    (run_dir / "display" / "0.txt").unlink()
+    _, tar = bundle(run_dir, outcome())
+    assert "display/0.txt" not in tar.getnames()
+    assert [d["file"] for d in manifest_of(tar)["display"]] == ["display/0.png", "display/1.html"]
+
+
+def test_large_file_is_streamed_whole(run_dir: Path) -> None:
+    content = os.urandom(5_000_000)
+    (run_dir / "files" / "big.pickle").write_bytes(content)
+    variables = {"big": {"content_type": "pickle/object", "file": "big.pickle"}}
+    _, tar = bundle(run_dir, outcome(variables=variables, displays=[]))
+    assert read(tar, "files/big.pickle") == content
+
+
+def test_compresslevel(run_dir: Path) -> None:
+    (run_dir / "files" / "x.json").write_bytes(b"0" * 100_000)
+    fast, best = io.BytesIO(), io.BytesIO()
+    write_bundle(run_dir, outcome(), fast, compresslevel=0)
+    write_bundle(run_dir, outcome(), best, compresslevel=9)
+    assert len(best.getvalue()) < len(fast.getvalue())
+
+
+# ---- build_manifest (pure) -----------------------------------------------------------
+
+
+def test_build_manifest_rewrites_to_basenames() -> None:
+    result = outcome(
+        variables={"x": {"content_type": "json/object", "file": "deep/x.json"}},
+        displays=[{"content_type": "json/object", "file": "x.json"}, {"content_type": "none"}],
+        mime_displays=[],
+    )
+    manifest = build_manifest(result, {"files/x.json": 7})
+    assert manifest["variables"] == {"x": {"content_type": "json/object", "file": "files/x.json"}}
+    assert manifest["displays"] == [
+        {"content_type": "json/object", "file": "files/x.json"},
+        {"content_type": "none"},  # a display without a file passes through
+    ]
+    assert manifest["outputs"] == [
+        {"name": "x", "content_type": "json/object", "file": "outputs/x.json", "bytes": 7}
+    ]
+
+
+@pytest.mark.parametrize("file", [None, "", ".", "..", "a\\b", "x\x00", 5, "dir/"])
+def test_build_manifest_unusable_file_names(file: object) -> None:
+    variables = {"v": {"content_type": "pickle/object", "file": file, "type": "Thing"}}
+    manifest = build_manifest(outcome(variables=variables, displays=[]), {"files/v": 1})
+    assert manifest["variables"] == {
+        "v": {"error": "The output file of variable 'v' was not produced", "type": "Thing"}
+    }
+    assert manifest["outputs"] == []
+
+
+def test_build_manifest_missing_display_file() -> None:
+    displays = [{"content_type": "image/png", "file": "__display__0.png"}]
+    manifest = build_manifest(outcome(variables={}, displays=displays), {})
+    assert manifest["displays"] == [
+        {"error": "The output file of display 0 was not produced", "type": "MissingOutputFile"}
+    ]
