@@ -127,6 +127,7 @@ def start_worker(
     run_dir = tmp_path_factory.mktemp("runs")
     full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     full_env.update(env or {})
+    full_env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel stops capturing fd output under it
     worker = WorkerProcess(list(args), full_env, run_dir)
     try:
         worker.wait_ready()

@@ -8,7 +8,6 @@ the ``execute_reply``. Nothing of the request is ever turned into kernel source.
 """
 
 import ast
-import contextlib
 import json
 import os
 import sys
@@ -184,20 +183,13 @@ def _collect_displays(shell, run, variables, values, files_dir):
 
 
 def _display_entry(index, obj, variables, values, files_dir):
-    entry = _serialize(f"__display__{index}", obj, files_dir, for_display=True)
+    """A display that is a variable of the same content type reuses that variable's file."""
     for name, value in values.items():
-        meta = variables[name]
-        if value is obj and meta.get("content_type") == entry.get("content_type"):
-            _discard(files_dir, entry)
-            return dict(meta)
-    return entry
-
-
-def _discard(files_dir, entry):
-    name = entry.get("file")
-    if name:
-        with contextlib.suppress(OSError):
-            os.unlink(os.path.join(files_dir, name))
+        if value is obj and "error" not in variables[name]:
+            kind = codecs.detect_content_type(obj, for_display=True)
+            if variables[name].get("content_type") == kind:
+                return dict(variables[name])
+    return _serialize(f"__display__{index}", obj, files_dir, for_display=True)
 
 
 def collect():
@@ -233,6 +225,8 @@ def install(shell):
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_execute", _stop_recording)
     shell.ast_transformers.append(_FailCell())
+    shell.InteractiveTB.set_mode(mode="Plain")  # plain Python tracebacks, and much faster
+    shell.colors = "nocolor"
     shell.user_ns["display"] = display
     from IPython.display import Markdown
 

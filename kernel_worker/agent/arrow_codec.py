@@ -1,0 +1,580 @@
+"""The ``arrow/ipc`` content type: values to and from one Arrow IPC *stream* file.
+
+Shipped into kernels together with ``codecs.py`` (which imports it relatively), so the
+module level imports the standard library only; pyarrow, numpy, pandas, polars, torch
+and jax are imported inside the functions that need them.
+
+A value becomes a single Arrow table whose schema metadata says how to rebuild it:
+
+- ``strata.arrow.shape``: ``table`` (the default when absent), ``tensor`` or ``scalar``;
+- ``strata.arrow.source``: the library the value came from (``pandas.DataFrame``,
+  ``torch.Tensor``, ...), so the reader can hand back the same kind of object;
+- ``strata.arrow.pandas.name`` (JSON), ``strata.arrow.tensor.shape`` (JSON list),
+  ``strata.arrow.tensor.dtype`` and ``strata.arrow.scalar.type`` (``uuid``/``complex``).
+
+Tensors are one ``values`` column holding the flattened C-ordered array (complex as an
+interleaved real view); scalars are one row in a ``value`` column. pandas values that
+Arrow rejects are written instead as a tagged JSON document under the same name.
+"""
+
+from __future__ import annotations
+
+import datetime
+import decimal
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, NamedTuple
+
+# Objects of libraries that are imported lazily; they cannot be named at module level.
+Table = Any
+Value = Any
+
+CONTENT_TYPE = "arrow/ipc"
+PREVIEW_ROWS = 20
+
+KEY_SHAPE = b"strata.arrow.shape"
+KEY_SOURCE = b"strata.arrow.source"
+KEY_SERIES_NAME = b"strata.arrow.pandas.name"
+KEY_TENSOR_SHAPE = b"strata.arrow.tensor.shape"
+KEY_TENSOR_DTYPE = b"strata.arrow.tensor.dtype"
+KEY_SCALAR_TYPE = b"strata.arrow.scalar.type"
+
+SHAPE_TABLE = b"table"
+SHAPE_TENSOR = b"tensor"
+SHAPE_SCALAR = b"scalar"
+
+FROM_ARROW_TABLE = b"pyarrow.Table"
+FROM_RECORD_BATCH = b"pyarrow.RecordBatch"
+FROM_PANDAS_FRAME = b"pandas.DataFrame"
+FROM_PANDAS_SERIES = b"pandas.Series"
+FROM_POLARS_FRAME = b"polars.DataFrame"
+FROM_POLARS_SERIES = b"polars.Series"
+FROM_TORCH = b"torch.Tensor"
+FROM_JAX = b"jax.Array"
+FROM_CAPSULE = b"arrow.capsule"
+
+SCALAR_UUID = b"uuid"
+SCALAR_COMPLEX = b"complex"
+
+# Arrow has no complex type: these travel as pairs of reals of the listed width.
+COMPLEX_AS_REAL = {"complex64": "float32", "complex128": "float64"}
+
+JSON_TABLE_FLAG = "__strata_arrow_json_fallback__"
+JSON_TABLE_FORMAT = "strata.notebook.arrow_json_fallback.v1"
+
+# Appended by the caller to a cell's stderr when reading a jax input had to turn
+# jax_enable_x64 on. The wording is what the reference client's users see.
+X64_NOTE = (
+    "strata: turned on jax_enable_x64 to hand back a stored 64-bit array at its own "
+    "width. That switch is process-wide, so in a reused worker every later cell gets "
+    "64-bit defaults too, and no cell's provenance records which it got. Put "
+    "`# @env JAX_ENABLE_X64=1` on the cells that want it: jax reads it at import, and "
+    "it becomes part of their env hash.\n"
+)
+
+# jax's x64 switch is process state, so whether *we* flipped it is too.
+_x64_flipped: list[bool] = []
+
+
+class PrecisionError(RuntimeError):
+    """A stored array cannot be rebuilt as a jax array without losing width."""
+
+    code = "PRECISION_NARROWED"
+
+    def __init__(self, stored: str, rebuilt: str, *, variable_name: str | None = None) -> None:
+        self.stored_dtype = stored
+        self.reconstructed_dtype = rebuilt
+        self.variable_name = variable_name
+        what = f"variable '{variable_name}'" if variable_name else "a stored array"
+        super().__init__(
+            f"Reading {what} as a JAX array narrows {stored} to {rebuilt}, even with "
+            f"jax_enable_x64 on, so the value the upstream cell stored cannot be handed "
+            f"over unchanged. This JAX build appears unable to represent {stored}."
+        )
+
+
+def x64_was_enabled_here() -> bool:
+    """Whether rebuilding a jax input in this process turned ``jax_enable_x64`` on."""
+    return bool(_x64_flipped)
+
+
+# --- JSON-safe previews -------------------------------------------------------------
+
+
+def jsonable(value: object, *, keep_none: bool = False) -> object:
+    """Reduce *value* to bool/int/float/str/list/dict for previews and JSON tables.
+
+    ``None`` becomes ``""`` unless *keep_none*; numpy scalars become Python numbers;
+    tuples become lists; dict keys become strings; anything else becomes ``str()``.
+    """
+    if value is None:
+        return None if keep_none else ""
+    if isinstance(value, bool | int | float | str):
+        return value
+    np = sys.modules.get("numpy")
+    if np is not None:
+        if isinstance(value, np.integer):
+            return int(value)
+        if isinstance(value, np.floating):
+            return float(value)
+        if isinstance(value, np.bool_):
+            return bool(value)
+    if isinstance(value, list | tuple):
+        return [jsonable(item, keep_none=keep_none) for item in value]
+    if isinstance(value, dict):
+        return {str(k): jsonable(v, keep_none=keep_none) for k, v in value.items()}
+    return str(value)
+
+
+@contextmanager
+def removed_on_error(path: Path) -> Iterator[None]:
+    """Delete *path* if the block writing it fails, so no half file is left behind."""
+    try:
+        yield
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+
+
+# --- Recognising Arrow-shaped values ------------------------------------------------
+# A value of a library's type means that library is already imported, so the probes
+# look in sys.modules instead of importing anything.
+
+
+def instance_of(module_name: str, *attrs: str) -> Callable[[object], bool]:
+    """A probe for instances of ``module_name.<attr>``; False while that module is absent."""
+
+    def probe(value: object) -> bool:
+        module = sys.modules.get(module_name)
+        kinds = tuple(getattr(module, a, None) for a in attrs) if module is not None else ()
+        return bool(kinds) and all(isinstance(k, type) for k in kinds) and isinstance(value, kinds)
+
+    return probe
+
+
+_TYPED_SCALARS = (
+    datetime.datetime,
+    datetime.date,
+    datetime.time,
+    datetime.timedelta,
+    decimal.Decimal,
+    bytes,
+    bytearray,
+    uuid.UUID,
+    complex,
+)
+
+
+def _is_typed_scalar(value: object) -> bool:
+    return isinstance(value, _TYPED_SCALARS)
+
+
+def _exports_arrow_stream(value: object) -> bool:
+    # Probed on the type (an instance __getattr__ may misbehave); iterators are left
+    # alone because reading a one-shot stream would consume it.
+    kind = type(value)
+    return hasattr(kind, "__arrow_c_stream__") and not hasattr(kind, "__next__")
+
+
+def _exports_dlpack(value: object) -> bool:
+    return hasattr(type(value), "__dlpack__")
+
+
+def is_pandas(value: object) -> bool:
+    return instance_of("pandas", "DataFrame", "Series")(value)
+
+
+# --- Building the table -------------------------------------------------------------
+
+
+def _tagged(table: Table, tags: dict[bytes, bytes]) -> Table:
+    return table.replace_schema_metadata({**(table.schema.metadata or {}), **tags})
+
+
+def _table_tags(source: bytes) -> dict[bytes, bytes]:
+    return {KEY_SHAPE: SHAPE_TABLE, KEY_SOURCE: source}
+
+
+def _from_pyarrow(value: Value) -> Table:
+    import pyarrow as pa
+
+    if isinstance(value, pa.RecordBatch):
+        return _tagged(pa.Table.from_batches([value]), _table_tags(FROM_RECORD_BATCH))
+    return _tagged(value, _table_tags(FROM_ARROW_TABLE))
+
+
+def _series_name_tag(name: object) -> bytes:
+    plain = name is None or isinstance(name, str | int | float | bool)
+    return json.dumps(name if plain else str(name)).encode("utf-8")
+
+
+def _from_pandas(value: Value) -> Table:
+    import pandas as pd
+    import pyarrow as pa
+
+    if isinstance(value, pd.DataFrame):
+        return _tagged(pa.Table.from_pandas(value), _table_tags(FROM_PANDAS_FRAME))
+    tags = _table_tags(FROM_PANDAS_SERIES)
+    tags[KEY_SERIES_NAME] = _series_name_tag(value.name)
+    return _tagged(pa.Table.from_pandas(value.to_frame()), tags)
+
+
+def _from_polars(value: Value) -> Table:
+    polars = sys.modules["polars"]
+    if isinstance(value, polars.DataFrame):
+        return _tagged(value.to_arrow(), _table_tags(FROM_POLARS_FRAME))
+    return _tagged(value.to_frame().to_arrow(), _table_tags(FROM_POLARS_SERIES))
+
+
+def _from_numpy(value: Value) -> Table:
+    np = sys.modules["numpy"]
+    if isinstance(value, np.ndarray):
+        return tensor_table(value)
+    return _scalar_table(value.item())
+
+
+def _from_torch(value: Value) -> Table:
+    return tensor_table(value.detach().cpu().numpy(), source=FROM_TORCH)
+
+
+def _from_jax(value: Value) -> Table:
+    import numpy as np
+
+    return tensor_table(np.asarray(value), source=FROM_JAX)
+
+
+def _from_typed_scalar(value: Value) -> Table:
+    import pyarrow as pa
+
+    if isinstance(value, uuid.UUID):
+        column = pa.array([value.bytes], type=pa.binary(16))
+        scalar_type = SCALAR_UUID
+    elif isinstance(value, complex):
+        pair = pa.struct([("real", pa.float64()), ("imag", pa.float64())])
+        column = pa.array([{"real": value.real, "imag": value.imag}], type=pair)
+        scalar_type = SCALAR_COMPLEX
+    else:
+        return _scalar_table(value)
+    tags = {KEY_SHAPE: SHAPE_SCALAR, KEY_SCALAR_TYPE: scalar_type}
+    return _tagged(pa.table({"value": column}), tags)
+
+
+def _from_capsule(value: Value) -> Table:
+    import pyarrow as pa
+
+    return _tagged(pa.table(value), _table_tags(FROM_CAPSULE))
+
+
+def _from_dlpack(value: Value) -> Table:
+    import numpy as np
+
+    return tensor_table(np.from_dlpack(value))
+
+
+def _scalar_table(value: object) -> Table:
+    import pyarrow as pa
+
+    return _tagged(pa.table({"value": pa.array([value])}), {KEY_SHAPE: SHAPE_SCALAR})
+
+
+def tensor_table(array: Value, source: bytes | None = None) -> Table:
+    """One ``values`` column over the flattened array (no copy when already C-ordered)."""
+    import numpy as np
+    import pyarrow as pa
+
+    dense = np.ascontiguousarray(array)
+    flat = dense.reshape(-1)
+    real = COMPLEX_AS_REAL.get(str(flat.dtype))
+    if real is not None:
+        flat = flat.view(real)
+    tags = {
+        KEY_SHAPE: SHAPE_TENSOR,
+        KEY_TENSOR_SHAPE: json.dumps(list(dense.shape)).encode("utf-8"),
+        KEY_TENSOR_DTYPE: str(dense.dtype).encode("utf-8"),
+    }
+    if source is not None:
+        tags[KEY_SOURCE] = source
+    return _tagged(pa.table({"values": pa.array(flat)}), tags)
+
+
+class _Rule(NamedTuple):
+    matches: Callable[[object], bool]
+    to_table: Callable[[Value], Table]
+
+
+# Rules that know the value's library come first, so its type can be rebuilt on read;
+# the two protocol probes last, since most of the libraries above also speak them.
+_NAMED_RULES = (
+    _Rule(instance_of("pyarrow", "Table", "RecordBatch"), _from_pyarrow),
+    _Rule(is_pandas, _from_pandas),
+    _Rule(instance_of("polars", "DataFrame", "Series"), _from_polars),
+    _Rule(instance_of("numpy", "ndarray", "generic"), _from_numpy),
+    _Rule(instance_of("torch", "Tensor"), _from_torch),
+    _Rule(instance_of("jax", "Array"), _from_jax),
+    _Rule(_is_typed_scalar, _from_typed_scalar),
+)
+_PROTOCOL_RULES = (
+    _Rule(_exports_arrow_stream, _from_capsule),
+    _Rule(_exports_dlpack, _from_dlpack),
+)
+
+
+def _rule_for(value: object) -> _Rule | None:
+    return next((r for r in (*_NAMED_RULES, *_PROTOCOL_RULES) if r.matches(value)), None)
+
+
+def is_arrow_value(value: object) -> bool:
+    """Whether *value* is stored as ``arrow/ipc`` (first step of type detection)."""
+    return _rule_for(value) is not None
+
+
+def matched_by_library(value: object) -> bool:
+    """Whether a library rule (not just a protocol probe) claims *value*."""
+    return any(rule.matches(value) for rule in _NAMED_RULES)
+
+
+def to_table(value: object) -> Table:
+    """The tagged Arrow table *value* is stored as."""
+    rule = _rule_for(value)
+    if rule is None:
+        raise ValueError(f"Cannot convert {type(value).__name__} to Arrow")
+    return rule.to_table(value)
+
+
+def wants_json_table(error: Exception) -> bool:
+    """Whether a failed pandas conversion should be stored as the JSON table instead."""
+    if isinstance(error, ImportError | ValueError | AttributeError):
+        return True
+    pa = sys.modules.get("pyarrow")
+    return pa is not None and isinstance(error, pa.ArrowException)
+
+
+# --- Writing ------------------------------------------------------------------------
+
+
+def write(value: object, path: Path) -> dict[str, object]:
+    """Write *value* as an IPC stream at *path*; return its output metadata."""
+    import pyarrow as pa
+
+    table = to_table(value)
+    with (
+        removed_on_error(path),
+        pa.OSFile(str(path), "wb") as sink,
+        pa.ipc.new_stream(sink, table.schema) as writer,
+    ):
+        writer.write_table(table)
+    return describe(table, path.name, os.path.getsize(path))
+
+
+def describe(table: Table, file_name: str, size: int) -> dict[str, object]:
+    """Output metadata for a written table: the preview depends on its shape."""
+    tags = table.schema.metadata or {}
+    shape = tags.get(KEY_SHAPE, SHAPE_TABLE)
+    head: dict[str, object] = {"content_type": CONTENT_TYPE, "file": file_name}
+    if shape == SHAPE_TENSOR:
+        dims = tuple(json.loads(tags.get(KEY_TENSOR_SHAPE, b"[]").decode("utf-8")))
+        dtype = tags.get(KEY_TENSOR_DTYPE, b"").decode("utf-8")
+        return {**head, "bytes": size, "preview": f"ndarray shape={dims} dtype={dtype}"}
+    if shape == SHAPE_SCALAR:
+        return {**head, "bytes": size, "preview": jsonable(scalar_of(table))}
+    shown = min(PREVIEW_ROWS, table.num_rows)
+    columns = [column.to_pylist() for column in table.slice(0, shown).columns]
+    rows = [[jsonable(column[i]) for column in columns] for i in range(shown)]
+    return {
+        **head,
+        "rows": table.num_rows,
+        "columns": table.column_names,
+        "bytes": size,
+        "preview": rows,
+    }
+
+
+def write_json_table(value: Value, path: Path) -> dict[str, object]:
+    """Store a pandas value Arrow rejected as the tagged JSON table document."""
+    document: dict[str, object] = {
+        JSON_TABLE_FLAG: True,
+        "format": JSON_TABLE_FORMAT,
+        "kind": "dataframe",
+        "columns": [],
+        "data": [],
+        "series_name": None,
+    }
+    columns: list[object] = []
+    rows: list[list[object]] = []
+    try:
+        import pandas as pd
+
+        is_series = isinstance(value, pd.Series)
+        frame = value.to_frame() if is_series else value
+        columns = [jsonable(c) for c in frame.columns]
+        rows = [[jsonable(x) for x in r] for r in frame.itertuples(index=False, name=None)]
+        document["kind"] = "series" if is_series else "dataframe"
+        document["columns"], document["data"] = columns, rows
+        document["series_name"] = jsonable(value.name) if is_series else None
+    except Exception:
+        columns, rows = [], []
+    with removed_on_error(path), open(path, "w", encoding="utf-8") as f:
+        json.dump(document, f)
+    return {
+        "content_type": CONTENT_TYPE,
+        "file": path.name,
+        "rows": len(rows),
+        "columns": columns,
+        "bytes": os.path.getsize(path),
+        "preview": rows[:PREVIEW_ROWS],
+    }
+
+
+# --- Reading ------------------------------------------------------------------------
+
+
+def read(path: Path) -> object:
+    """Rebuild the value stored at *path* (an IPC stream or the JSON table document)."""
+    document = _json_table_document(path)
+    if document is not None:
+        return _from_json_table(document)
+
+    import pyarrow as pa
+
+    with pa.memory_map(str(path)) as source:
+        # Buffers stay valid after the map object closes; one-chunk columns are not copied.
+        table = pa.ipc.open_stream(source).read_all().combine_chunks()
+    shape = (table.schema.metadata or {}).get(KEY_SHAPE, SHAPE_TABLE)
+    if shape == SHAPE_TENSOR:
+        return _tensor_of(table)
+    if shape == SHAPE_SCALAR:
+        return scalar_of(table)
+    return _tabular_of(table)
+
+
+def _json_table_document(path: Path) -> dict[str, object] | None:
+    """The JSON table document at *path*, or None (an IPC stream never starts with '{')."""
+    try:
+        with open(path, "rb") as f:
+            if not f.read(64).lstrip().startswith(b"{"):
+                return None
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(document, dict) or document.get(JSON_TABLE_FLAG) is not True:
+        return None
+    return document if document.get("format") == JSON_TABLE_FORMAT else None
+
+
+def _from_json_table(document: dict[str, object]) -> object:
+    columns, rows = document.get("columns"), document.get("data")
+    if not isinstance(columns, list) or not isinstance(rows, list):
+        raise ValueError("Malformed JSON table document: 'columns' and 'data' must be lists")
+    try:
+        import pandas as pd
+    except ImportError:
+        return document
+    frame = pd.DataFrame(rows, columns=columns)
+    if document.get("kind") != "series":
+        return frame
+    series = frame.iloc[:, 0] if frame.shape[1] else pd.Series(dtype=object)
+    series.name = document.get("series_name")
+    return series
+
+
+def scalar_of(table: Table) -> object:
+    """The single value of a scalar-shaped table."""
+    scalar_type = (table.schema.metadata or {}).get(KEY_SCALAR_TYPE, b"")
+    raw = table.column(0)[0].as_py()
+    if scalar_type == SCALAR_UUID:
+        return uuid.UUID(bytes=raw)
+    if scalar_type == SCALAR_COMPLEX:
+        return complex(raw["real"], raw["imag"])
+    return raw
+
+
+def _series_name_of(raw: bytes) -> object:
+    text = raw.decode("utf-8")
+    try:
+        return json.loads(text)
+    except ValueError:  # an older, plain-text name
+        return text or None
+
+
+def _tabular_of(table: Table) -> object:
+    source = (table.schema.metadata or {}).get(KEY_SOURCE, b"")
+    if source in (FROM_ARROW_TABLE, FROM_CAPSULE):
+        return table
+    if source == FROM_RECORD_BATCH:
+        import pyarrow as pa
+
+        batches = table.to_batches()
+        return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
+    if source in (FROM_POLARS_FRAME, FROM_POLARS_SERIES):
+        rebuilt = _polars_of(table, source)
+        if rebuilt is not None:
+            return rebuilt
+    try:
+        frame = table.to_pandas()
+    except Exception:
+        return table
+    if source != FROM_PANDAS_SERIES:
+        return frame
+    try:
+        series = frame.iloc[:, 0]
+        series.name = _series_name_of(table.schema.metadata.get(KEY_SERIES_NAME, b""))
+    except Exception:
+        return frame
+    return series
+
+
+def _polars_of(table: Table, source: bytes) -> object | None:
+    try:
+        import polars as pl
+    except ImportError:
+        return None
+    frame = pl.from_arrow(table)
+    if source == FROM_POLARS_SERIES and isinstance(frame, pl.DataFrame):
+        return frame.to_series(0)
+    return frame
+
+
+def _tensor_of(table: Table) -> object:
+    import numpy as np
+
+    tags = table.schema.metadata or {}
+    dims = tuple(json.loads(tags.get(KEY_TENSOR_SHAPE, b"[]").decode("utf-8")))
+    dtype_name = tags.get(KEY_TENSOR_DTYPE, b"").decode("utf-8")
+    flat = table.column(0).to_numpy(zero_copy_only=False)
+    if dtype_name:
+        dtype = np.dtype(dtype_name)
+        real = COMPLEX_AS_REAL.get(str(dtype))
+        flat = flat.astype(real, copy=False).view(dtype) if real else flat.astype(dtype, copy=False)
+    array = np.ascontiguousarray(flat).reshape(dims)
+    source = tags.get(KEY_SOURCE, b"")
+    if source == FROM_TORCH:
+        try:
+            import torch
+        except ImportError:
+            return array
+        return torch.from_numpy(array)
+    if source == FROM_JAX:
+        return _as_jax(array)
+    return array
+
+
+def _as_jax(array: Value) -> object:
+    """A jax array of *array*'s own dtype, turning x64 on when that is what it takes."""
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        return array
+    rebuilt = jnp.asarray(array)
+    if rebuilt.dtype != array.dtype:
+        jax.config.update("jax_enable_x64", True)
+        _x64_flipped.append(True)
+        rebuilt = jnp.asarray(array)
+    if rebuilt.dtype != array.dtype:
+        raise PrecisionError(str(array.dtype), str(rebuilt.dtype))
+    return rebuilt

@@ -1,0 +1,489 @@
+"""The push path over real HTTP against a real worker process and real kernels."""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+import tarfile
+import time
+from collections.abc import Iterator
+
+import cloudpickle
+import httpx
+import pandas as pd
+import pyarrow as pa
+import pytest
+
+from .conftest import WorkerProcess, start_worker
+from .wire import execute, read_bundle, run_ok, v1_metadata
+
+
+@pytest.fixture(scope="module")
+def client(worker: WorkerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def solo(solo_worker: WorkerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=solo_worker.url, timeout=120) as c:
+        yield c
+
+
+def arrow_stream(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def envelope(value: object) -> bytes:
+    return pickle.dumps(
+        {
+            "__strata_object_codec__": "strata.notebook.object_codec.v1",
+            "codec": "cloudpickle",
+            "payload": cloudpickle.dumps(value, protocol=5),
+        },
+        protocol=5,
+    )
+
+
+# -- health ---------------------------------------------------------------------------------------
+
+
+def test_health_reports_capabilities_and_pool(client: httpx.Client) -> None:
+    body = client.get("/health").json()
+    assert body["status"] == "healthy"
+    assert body["capabilities"]["protocol_versions"] == ["v1"]
+    assert "notebook_cell@v1" in body["capabilities"]["transform_refs"]
+    features = body["capabilities"]["features"]
+    assert features["notebook_protocol_version"] == "notebook-cell-v1"
+    assert features["output_format"] == "notebook-output-bundle@v1"
+    assert features["pull_model"] is False  # not implemented: never advertised
+    assert body["max_concurrent"] == 2
+    assert body["hardware"]["cpus"] >= 1
+    assert sum(body["pool"]["kernels"].values()) >= 2
+    assert isinstance(body["uptime_seconds"], float)
+
+
+# -- the bundle -----------------------------------------------------------------------------------
+
+
+def test_simple_cell_bundle_satisfies_both_formats(client: httpx.Client) -> None:
+    response = execute(client, "x = 1 + 1\nprint('hi')\nimport math\nBig = 5\n_p = 3\nx")
+    assert response.headers["x-strata-executor-protocol"] == "v1"
+    assert response.headers["x-strata-notebook-executor-protocol"] == "notebook-cell-v1"
+    assert response.headers["x-strata-output-format"] == "notebook-output-bundle@v1"
+    assert response.content[:2] == b"\x1f\x8b"  # gzip
+    bundle = read_bundle(response)
+    m = bundle.manifest
+    assert m["schema_version"] == "notebook-output-bundle@v1"
+    assert m["protocol_version"] == "notebook-output-bundle@v1"
+    assert m["executor_ref"] == "notebook_cell@v1"
+    assert m["success"] is True and m["error"] is None
+    assert set(m["variables"]) == {"x", "math", "Big", "_"}
+    assert m["variables"]["x"] == {
+        "bytes": 1, "content_type": "json/object", "file": "files/x.json", "preview": 2,
+    }  # fmt: skip
+    assert m["variables"]["Big"]["file"] == "files/Big-f69fd263.json"
+    assert m["variables"]["math"]["content_type"] == "module/import"
+    assert m["variables"]["_"]["file"] == "files/x.json"  # the display reuses x's file
+    assert bundle.stdout() == "hi\n"
+    assert json.loads(bundle.members["console.json"]) == {"stdout": "hi\n", "stderr": ""}
+    assert bundle.links["outputs/x.json"] == "files/x.json"
+    assert {o["name"] for o in m["outputs"]} >= {"x", "math", "Big"}
+    assert m["build_env"].startswith("cpython-")
+    assert isinstance(m["duration_ms"], int)
+    assert m["console"] == "console.json"
+    assert m["stdout_file"] == "stdout.txt" and m["stderr_file"] == "stderr.txt"
+
+
+def test_notebook_execute_flat_envelope(client: httpx.Client) -> None:
+    meta = {
+        "protocol_version": "notebook-cell-v1",
+        "source": "y = value * 3",
+        "inputs": {"value": {"content_type": "json/object", "file": "value.json"}},
+    }
+    response = execute(
+        client, "", [({"name": "value", "file": "value.json"}, b"14")],
+        route="/v1/notebook-execute", metadata=meta,
+    )  # fmt: skip
+    assert read_bundle(response).variables["y"]["preview"] == 42
+
+
+# -- inputs ---------------------------------------------------------------------------------------
+
+
+def test_arrow_input_with_pandas_metadata(client: httpx.Client) -> None:
+    df = pd.DataFrame({"a": [1, 2, 3], "b": ["x", "y", "z"]})
+    table = pa.Table.from_pandas(df)
+    table = table.replace_schema_metadata(
+        {**table.schema.metadata, b"strata.arrow.shape": b"table",
+         b"strata.arrow.source": b"pandas.DataFrame"}
+    )  # fmt: skip
+    bundle = run_ok(
+        client,
+        "total = int(df['a'].sum())\nkind = type(df).__name__\nfirst = df['b'][0]",
+        [({"name": "df", "format": "arrow/ipc", "file": "df.arrow"}, arrow_stream(table))],
+    )
+    assert bundle.variables["total"]["preview"] == 6
+    assert bundle.variables["kind"]["preview"] == "DataFrame"
+    assert bundle.variables["first"]["preview"] == "x"
+    assert "df" not in bundle.variables  # read, not rebound
+
+
+def test_plain_arrow_stream_arrives_as_dataframe(client: httpx.Client) -> None:
+    data = arrow_stream(pa.table({"a": [1, 2, 3]}))
+    bundle = run_ok(client, "kind = type(t).__name__", [({"name": "t", "format": "arrow/ipc"}, data)])
+    assert bundle.variables["kind"]["preview"] == "DataFrame"
+
+
+def test_json_pickle_markdown_and_module_inputs(client: httpx.Client) -> None:
+    inputs = [
+        ({"name": "cfg", "format": "json/object", "file": "cfg.json"}, b'{"k": [1, 2]}'),
+        ({"name": "obj", "format": "pickle/object", "file": "obj.pickle"}, envelope({1, 2, 3})),
+        ({"name": "raw", "format": "pickle/object", "file": "raw.pickle"}, pickle.dumps(b"abc")),
+        ({"name": "md", "format": "text/markdown", "file": "md.md"}, b"# Title"),
+        ({"name": "m", "format": "module/import", "file": "m.module.json"},
+         b'{"module_name": "statistics"}'),
+    ]  # fmt: skip
+    source = (
+        "out = [cfg['k'][1], sorted(obj), raw.decode(), md, m.__name__, m.mean([1, 3])]"
+    )
+    bundle = run_ok(client, source, inputs)
+    assert bundle.variables["out"]["preview"] == [2, [1, 2, 3], "abc", "# Title", "statistics", 2]
+
+
+def test_file_path_and_dir_tar_inputs(client: httpx.Client) -> None:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        data = b"hello from a folder"
+        info = tarfile.TarInfo("sub/note.txt")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    inputs = [
+        ({"name": "data", "format": "file/path", "file": "__fetch_0_data.csv"}, b"a,b\n1,2\n"),
+        ({"name": "folder", "format": "dir/tar", "file": "folder.dir.tar"}, archive.getvalue()),
+    ]
+    source = (
+        "csv = data.read_text()\nname = data.name\n"
+        "note = (folder / 'sub' / 'note.txt').read_text()\nkind = type(folder).__name__"
+    )
+    bundle = run_ok(client, source, inputs)
+    assert bundle.variables["csv"]["preview"] == "a,b\n1,2\n"
+    assert bundle.variables["name"]["preview"] == "__fetch_0_data.csv"
+    assert bundle.variables["note"]["preview"] == "hello from a folder"
+    assert bundle.variables["kind"]["preview"].endswith("Path")
+
+
+def test_unsafe_dir_tar_is_refused_as_a_cell_error(client: httpx.Client) -> None:
+    archive = io.BytesIO()
+    with tarfile.open(fileobj=archive, mode="w") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    bundle = read_bundle(execute(
+        client, "x = 1", [({"name": "folder", "format": "dir/tar"}, archive.getvalue())]
+    ))  # fmt: skip
+    assert bundle.manifest["success"] is False
+    assert "folder" in bundle.manifest["error"]
+
+
+def test_module_cell_input_with_injected_value(client: httpx.Client) -> None:
+    descriptor = {
+        "module_name": "nb_test_cell_area_0123456789ab",
+        "symbol_name": "area",
+        "kind": "function",
+        "source": "def area(r):\n    return round(PI * r * r, 5)\n",
+        "provenance_hash": "abc",
+    }
+    inputs = [(
+        {"name": "area", "format": "module/cell", "file": "area.cell_module.json",
+         "injected": {"PI": {"content_type": "json/object", "file": "PI.json"}}},
+        json.dumps(descriptor).encode(),
+    ), ({"name": "PI", "file": "PI.json", "format": "json/object"}, b"3.14159")]  # fmt: skip
+    meta = v1_metadata("result = area(2)", [inputs[0][0]])
+    bundle = read_bundle(execute(client, "", inputs, metadata=meta))
+    assert bundle.variables["result"]["preview"] == 12.56636
+
+
+def test_corrupt_input_is_a_clear_cell_error(client: httpx.Client) -> None:
+    bundle = read_bundle(execute(
+        client, "y = df", [({"name": "df", "format": "arrow/ipc"}, b"not arrow at all")]
+    ))  # fmt: skip
+    assert bundle.manifest["success"] is False
+    assert bundle.manifest["error"].startswith("Error deserializing df:")
+
+
+# -- outputs and displays --------------------------------------------------------------------------
+
+
+def test_output_kinds(client: httpx.Client) -> None:
+    source = (
+        "import numpy as np, pandas as pd, threading\n"
+        "frame = pd.DataFrame({'a': range(30)})\n"
+        "arr = np.arange(6).reshape(2, 3)\n"
+        "pair = (1, 2)\n"
+        "def f(v):\n    return v + 1\n"
+        "lock = threading.Lock()\n"
+        "nothing = None\n"
+    )
+    v = run_ok(client, source).variables
+    assert v["frame"]["content_type"] == "arrow/ipc" and v["frame"]["rows"] == 30
+    assert len(v["frame"]["preview"]) == 20
+    assert v["arr"]["content_type"] == "arrow/ipc"
+    assert v["arr"]["preview"] == "ndarray shape=(2, 3) dtype=int64"
+    assert v["pair"]["content_type"] == "pickle/object" and v["pair"]["codec"] == "cloudpickle"
+    assert v["f"]["content_type"] == "pickle/object"
+    assert set(v["lock"]) == {"error", "type"}
+    assert v["nothing"] == {"bytes": 4, "content_type": "json/object", "file": "files/nothing.json",
+                            "preview": None}  # fmt: skip
+    assert v["np"]["content_type"] == "module/import"
+
+
+def test_arrow_output_round_trips(client: httpx.Client) -> None:
+    bundle = run_ok(client, "import pandas as pd\nout = pd.DataFrame({'q': [1.5, 2.5]})")
+    table = pa.ipc.open_stream(bundle.file("out")).read_all()
+    assert table.column("q").to_pylist() == [1.5, 2.5]
+    assert table.schema.metadata[b"strata.arrow.shape"] == b"table"
+
+
+def test_reference_and_jupyter_displays(client: httpx.Client) -> None:
+    source = (
+        "import matplotlib.pyplot as plt\n"
+        "from IPython.display import HTML\n"
+        "display(Markdown('# Title'))\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "plt.plot([1, 2, 3])\n"
+        "plt.show()\n"
+        "plt.figure(); plt.plot([3, 2])\n"  # never shown: Jupyter flushes it, the reference not
+        "41 + 1\n"
+    )
+    m = run_ok(client, source).manifest
+    kinds = [d["content_type"] for d in m["displays"]]
+    assert kinds[0] == "text/markdown" and m["displays"][0]["markdown_text"] == "# Title"
+    assert "image/png" in kinds
+    assert m["displays"][-1]["preview"] == 42
+    assert m["variables"]["_"]["preview"] == 42
+    assert kinds.count("image/png") == 1
+    png = next(d for d in m["displays"] if d["content_type"] == "image/png")
+    assert png["inline_data_url"].startswith("data:image/png;base64,")
+    jupyter = {(d["index"], d["content_type"]) for d in m["display"]}
+    types = {t for _, t in jupyter}
+    assert {"text/markdown", "text/html", "image/png", "text/plain"} <= types
+    assert sum(1 for _, t in jupyter if t == "image/png") == 2  # shown + flushed, each once
+    for entry in m["display"]:
+        assert entry["file"].startswith("display/")
+
+
+def test_console_includes_stderr_and_subprocess_output(client: httpx.Client) -> None:
+    source = (
+        "import sys, os, warnings\n"
+        "print('out')\nprint('err', file=sys.stderr)\n"
+        "os.system('echo from-a-child')\n"
+        "warnings.warn('careful')\n"
+    )
+    bundle = run_ok(client, source)
+    assert "out" in bundle.stdout() and "from-a-child" in bundle.stdout()
+    assert "err" in bundle.stderr() and "careful" in bundle.stderr()
+
+
+def test_magics_work(client: httpx.Client) -> None:
+    bundle = run_ok(client, "%config InlineBackend.figure_format = 'png'\nvalue = 2 ** 10")
+    assert bundle.variables["value"]["preview"] == 1024
+
+
+# -- cell failures --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "error", "etype"),
+    [
+        ("print('before')\nraise RuntimeError('model not loaded')", "model not loaded", "RuntimeError"),
+        ("x = (", None, "SyntaxError"),
+        ("import no_such_module_here", "No module named 'no_such_module_here'", "ModuleNotFoundError"),
+        ("import sys\nsys.exit(3)", "3", "SystemExit"),
+        ("raise KeyboardInterrupt", "", "KeyboardInterrupt"),
+    ],
+)
+def test_cell_errors_are_200_with_success_false(
+    client: httpx.Client, source: str, error: str | None, etype: str
+) -> None:
+    bundle = read_bundle(execute(client, source))
+    m = bundle.manifest
+    assert m["success"] is False
+    assert m["variables"] == {}
+    if error is not None:
+        assert m["error"] == error
+    assert "\x1b[" not in (m["traceback"] or "")
+    failure = json.loads(bundle.members["error.json"])
+    assert failure["type"] == etype and failure["exit_code"] == 1
+    if "before" in source:
+        assert bundle.stdout() == "before\n"
+        assert "raise RuntimeError" in m["traceback"]
+
+
+# -- statuses --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("metadata", "detail"),
+    [
+        (b"{not json", "Invalid metadata"),
+        (json.dumps(v1_metadata("x=1") | {"protocol_version": "v9"}).encode(),
+         "Unsupported protocol version: v9. Expected: v1"),
+        (json.dumps({"transform": {"ref": "other@v1", "params": {}}}).encode(),
+         "Unsupported transform: other@v1. Expected: notebook_cell@v1"),
+        (json.dumps(v1_metadata("x=1", [{"name": "a", "format": "video/mp4"}])).encode(),
+         "video/mp4"),
+        (json.dumps(v1_metadata("x=1", [{"name": "a"}])).encode(), "Missing uploaded input file: a"),
+        (json.dumps(v1_metadata("x=1", [{"name": "../a"}])).encode(), "../a"),
+        (json.dumps(v1_metadata("x=1", timeout_seconds="soon")).encode(), "timeout_seconds"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_400_with_detail(
+    client: httpx.Client, metadata: bytes, detail: str
+) -> None:
+    files = {"metadata": ("metadata.json", metadata, "application/json")}
+    response = client.post("/v1/execute", files=files)
+    assert response.status_code == 400, response.text
+    assert detail in response.json()["detail"]
+
+
+def test_missing_metadata_and_non_multipart(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/execute", data={"metadata": "{}"}, files={"x": ("x.bin", b"1", "text/plain")}
+    )
+    assert response.status_code == 400
+    assert response.json()["detail"] == "Missing metadata"
+    response = client.post("/v1/execute", json={"source": "x=1"})
+    assert response.status_code == 400
+
+
+def test_timeout_is_408_and_the_worker_recovers(client: httpx.Client) -> None:
+    started = time.monotonic()
+    response = execute(client, "import time\ntime.sleep(60)", timeout_seconds=1)
+    assert response.status_code == 408
+    assert time.monotonic() - started < 10
+    body = response.json()
+    assert "timed out after 1s" in body["detail"] and body["success"] is False
+    assert run_ok(client, "ok = True").variables["ok"]["preview"] is True
+
+
+def test_kernel_death_is_502_and_the_worker_keeps_serving(client: httpx.Client) -> None:
+    response = execute(client, "import os\nos._exit(7)")
+    assert response.status_code == 502
+    assert "died" in response.json()["detail"]
+    assert run_ok(client, "ok = 1").variables["ok"]["preview"] == 1
+
+
+# -- isolation -------------------------------------------------------------------------------------
+
+
+def test_consecutive_requests_on_one_kernel_are_isolated(solo: httpx.Client) -> None:
+    first = run_ok(solo, (
+        "import os, sys\nsecret = 'first'\nos.environ['FROM_FIRST'] = '1'\n"
+        "sys.path.append('/first')\nseen = os.environ.get('REQ_ENV')\ncwd = os.getcwd()"
+    ), env={"REQ_ENV": "only-here"})  # fmt: skip
+    assert first.variables["seen"]["preview"] == "only-here"
+    second = run_ok(solo, (
+        "import os, sys\n"
+        "state = ['secret' in dir(), os.environ.get('FROM_FIRST'), os.environ.get('REQ_ENV'),\n"
+        "         '/first' in sys.path]\ncwd = os.getcwd()"
+    ))  # fmt: skip
+    assert second.variables["state"]["preview"] == [False, None, None, False]
+    assert second.variables["cwd"]["preview"] != first.variables["cwd"]["preview"]
+
+
+# -- workers with other settings ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--console-cap", "1000", "--timeout-status", "504",
+        "--gpu-slots", "2",
+        env={"STRATA_WORKER_TOKEN": "s3cret-token", "STRATA_WORKER_MAX_INPUT_BYTES": "4096"},
+    )  # fmt: skip
+    yield w
+    w.stop()
+
+
+def test_token_gate(guarded: WorkerProcess) -> None:
+    with httpx.Client(base_url=guarded.url, timeout=60) as c:
+        assert c.get("/health").status_code == 200
+        response = execute(c, "x = 1")
+        assert response.status_code == 401
+        assert response.json()["detail"] == (
+            "Missing or malformed Authorization header (expected Bearer token)"
+        )
+        response = execute(c, "x = 1", headers={"Authorization": "Bearer wrong"})
+        assert response.json()["detail"] == "Invalid worker token"
+        response = c.post("/v1/execute", content=b"garbage", headers={"Authorization": "Basic x"})
+        assert response.status_code == 401  # auth before the body is read
+
+
+def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerProcess) -> None:
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with httpx.Client(base_url=guarded.url, timeout=60, headers=auth) as c:
+        source = (
+            "import os\ntoken = os.environ.get('STRATA_WORKER_TOKEN')\n"
+            "everywhere = any('s3cret-token' in v for v in os.environ.values())\n"
+            "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')"
+        )
+        v = run_ok(c, source).variables
+        assert v["token"]["preview"] is None and v["everywhere"]["preview"] is False
+        assert v["gpu"]["preview"] in {"0", "1"}
+        health = c.get("/health").json()
+        assert health["gpu_slots"] == 2
+
+
+def test_input_cap_is_413(guarded: WorkerProcess) -> None:
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with httpx.Client(base_url=guarded.url, timeout=60, headers=auth) as c:
+        big = [({"name": "blob", "format": "pickle/object"}, pickle.dumps(b"x" * 10_000))]
+        response = execute(c, "n = len(blob)", big)
+        assert response.status_code == 413
+        assert "blob" in response.json()["detail"]
+        small = [({"name": "blob", "format": "pickle/object"}, pickle.dumps(b"x" * 100))]
+        assert run_ok(c, "n = len(blob)", small).variables["n"]["preview"] == 100
+
+
+def test_console_cap_and_timeout_status_option(guarded: WorkerProcess) -> None:
+    auth = {"Authorization": "Bearer s3cret-token"}
+    with httpx.Client(base_url=guarded.url, timeout=60, headers=auth) as c:
+        bundle = run_ok(c, "print('y' * 50_000)")
+        assert len(bundle.stdout()) < 1200
+        assert "output truncated" in bundle.stdout()
+        response = execute(c, "import time\ntime.sleep(30)", timeout_seconds=0.5)
+        assert response.status_code == 504
+
+
+def test_busy_worker_answers_503_with_retry_after(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as slow, httpx.Client(
+            base_url=w.url, timeout=60
+        ) as fast:
+            import threading
+
+            result: dict[str, httpx.Response] = {}
+            thread = threading.Thread(
+                target=lambda: result.update(r=execute(slow, "import time\ntime.sleep(2)"))
+            )
+            thread.start()
+            deadline = time.monotonic() + 10
+            while fast.get("/health").json()["active_executions"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            response = execute(fast, "x = 1")
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "5"
+            assert "busy" in response.json()["detail"]
+            thread.join(30)
+            assert read_bundle(result["r"]).manifest["success"] is True
+    finally:
+        w.stop()

@@ -1,0 +1,85 @@
+"""Test helpers that speak the wire format: build execute requests, read bundles."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+def v1_metadata(source: str, inputs: list[dict[str, Any]] | None = None, **params: Any) -> dict[str, Any]:
+    return {
+        "protocol_version": "v1",
+        "transform": {"ref": "notebook_cell@v1", "params": {"source": source, **params}},
+        "inputs": inputs or [],
+    }
+
+
+@dataclass
+class Bundle:
+    status: int
+    headers: httpx.Headers
+    manifest: dict[str, Any]
+    members: dict[str, bytes]
+    links: dict[str, str]
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        return self.manifest["variables"]
+
+    def stdout(self) -> str:
+        return self.members["stdout.txt"].decode()
+
+    def stderr(self) -> str:
+        return self.members["stderr.txt"].decode()
+
+    def file(self, name: str) -> bytes:
+        return self.members[self.variables[name]["file"]]
+
+
+def read_bundle(response: httpx.Response) -> Bundle:
+    assert response.status_code == 200, response.text
+    members: dict[str, bytes] = {}
+    links: dict[str, str] = {}
+    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:*") as tar:
+        for info in tar.getmembers():
+            if info.islnk():
+                links[info.name] = info.linkname
+            elif info.isfile():
+                extracted = tar.extractfile(info)
+                assert extracted is not None
+                members[info.name] = extracted.read()
+    manifest = json.loads(members["manifest.json"])
+    return Bundle(response.status_code, response.headers, manifest, members, links)
+
+
+def execute(
+    client: httpx.Client,
+    source: str,
+    inputs: list[tuple[dict[str, Any], bytes]] | None = None,
+    *,
+    route: str = "/v1/execute",
+    metadata: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+    **params: Any,
+) -> httpx.Response:
+    """POST a cell; ``inputs`` are (descriptor, bytes) pairs, parts named by the file name."""
+    descriptors = [d for d, _ in inputs or []]
+    meta = metadata if metadata is not None else v1_metadata(source, descriptors, **params)
+    files: list[tuple[str, tuple[str, bytes, str]]] = [
+        ("metadata", ("metadata.json", json.dumps(meta).encode(), "application/json"))
+    ]
+    for descriptor, data in inputs or []:
+        part = descriptor.get("file") or descriptor["name"]
+        files.append((part, (part, data, "application/octet-stream")))
+    return client.post(route, files=files, headers=headers or {})
+
+
+def run_ok(client: httpx.Client, source: str, *args: Any, **kwargs: Any) -> Bundle:
+    bundle = read_bundle(execute(client, source, *args, **kwargs))
+    assert bundle.manifest["success"], bundle.manifest
+    return bundle
