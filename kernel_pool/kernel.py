@@ -81,7 +81,12 @@ class Kernel:
     """A single kernel process and its client channels."""
 
     def __init__(
-        self, config: PoolConfig, private_dir: Path, kernel_dirs: Sequence[Path], slot: str | None
+        self,
+        config: PoolConfig,
+        private_dir: Path,
+        kernel_dirs: Sequence[Path],
+        slot: str | None,
+        on_death: Callable[[Kernel], None] | None = None,
     ) -> None:
         self.kernel_id = f"k{next(_ids)}"
         self.slot = slot
@@ -100,6 +105,7 @@ class Kernel:
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
         self.died = asyncio.Event()
+        self._on_death = on_death
 
     # -- start -------------------------------------------------------------------------------
 
@@ -260,6 +266,8 @@ class Kernel:
         if not self.died.is_set():
             self.died.set()
             self._events.put_nowait(("died", self._exit_code))
+            if self._on_death is not None and self.state is not KernelState.STOPPED:
+                self._on_death(self)
 
     async def _pump(self, get: Callable[[], Any], channel: str) -> None:
         while True:

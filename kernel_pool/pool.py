@@ -159,7 +159,7 @@ class Pool:
                 raise PoolBusy("no warm kernel became ready in time") from None
             if self._closing.is_set():
                 raise PoolClosed("the pool is shutting down")
-            return self._idle.pop()
+            return self._idle.pop()  # dead kernels never stay here: see _on_kernel_death
 
     def _release(self, kernel: Kernel, lease: Lease) -> None:
         """End a lease without awaiting: the reset or retirement runs in the background."""
@@ -233,9 +233,20 @@ class Pool:
         self._spawn(kernel.kill())
         self._refill_wanted.set()
 
+    def _on_kernel_death(self, kernel: Kernel) -> None:
+        """A kernel nobody holds died (e.g. a cell asked it to exit): replace it now."""
+        if kernel.state is KernelState.IDLE and kernel.kernel_id in self._kernels:
+            self._retire(kernel, RetireReason.DIED)
+
     async def _start_one(self) -> Kernel:
         assert self._private_dir is not None
-        kernel = Kernel(self.config, self._private_dir, self._kernel_dirs, self._free_slots.pop())
+        kernel = Kernel(
+            self.config,
+            self._private_dir,
+            self._kernel_dirs,
+            self._free_slots.pop(),
+            on_death=self._on_kernel_death,
+        )
         self._kernels[kernel.kernel_id] = kernel
         try:
             await kernel.start()

@@ -16,6 +16,10 @@ import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+_INTEROP_VENV_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
+if "STRATA_INTEROP_PYTHON" not in os.environ and _INTEROP_VENV_PYTHON.exists():
+    # the environment scripts/interop-env.sh builds: interop tests use it when present
+    os.environ["STRATA_INTEROP_PYTHON"] = str(_INTEROP_VENV_PYTHON)
 
 _SIGINT_IGNORING = (
     "import signal\n"

@@ -332,3 +332,17 @@ async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
         stats = pool.stats()
         assert 1 <= stats.start_failures <= 8
         assert stats.last_start_error
+
+
+async def test_kernel_that_exits_while_idle_is_never_leased(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        # ipykernel's own exit: the kernel stops shortly after answering
+        await lease.execute("get_ipython().ask_exit()", deadline=time.monotonic() + 10)
+    deadline = time.monotonic() + 10
+    while pool.stats().retirements["died"] < 1:
+        assert time.monotonic() < deadline, pool.stats()
+        await asyncio.sleep(0.05)
+    async with pool.lease(wait_seconds=30) as lease:
+        assert lease.kernel_id != first
+        assert await run(lease, "print(5)") == "5\n"

@@ -305,6 +305,8 @@ def test_magics_work(client: httpx.Client) -> None:
         ("import no_such_module_here", "No module named 'no_such_module_here'", "ModuleNotFoundError"),
         ("import sys\nsys.exit(3)", "3", "SystemExit"),
         ("raise KeyboardInterrupt", "", "KeyboardInterrupt"),
+        ("exit()", "", "SystemExit"),
+        ("quit(2)", "2", "SystemExit"),
     ],
 )
 def test_cell_errors_are_200_with_success_false(

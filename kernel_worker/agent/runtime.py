@@ -218,6 +218,16 @@ def _end_run():
     _state["run"] = None
 
 
+class _Exit:
+    """``exit()``/``quit()`` end the cell with SystemExit instead of the whole kernel."""
+
+    def __repr__(self):
+        return "Call exit() to stop the cell"
+
+    def __call__(self, code=None):
+        raise SystemExit() if code is None else SystemExit(code)
+
+
 def install(shell):
     """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
     _state["shell"] = shell
@@ -228,6 +238,7 @@ def install(shell):
     shell.InteractiveTB.set_mode(mode="Plain")  # plain Python tracebacks, and much faster
     shell.colors = "nocolor"
     shell.user_ns["display"] = display
+    shell.user_ns["exit"] = shell.user_ns["quit"] = _Exit()
     from IPython.display import Markdown
 
     shell.user_ns["Markdown"] = Markdown
