@@ -342,12 +342,37 @@ class Kernel:
             raise ExecutionTimeout(max(0.0, deadline - started)) from None
         return ExecuteResult(reply, tuple(outputs), time.monotonic() - started)
 
+    async def send(
+        self,
+        msg_type: str,
+        content: Mapping[str, Any],
+        *,
+        deadline: float,
+        buffers: Sequence[bytes | memoryview] = (),
+    ) -> tuple[Output, ...]:
+        """Send a shell message without a reply (e.g. ``comm_open``/``comm_msg``).
+
+        Returns the IOPub messages the kernel published in response (e.g. the in-kernel
+        side's ``comm_msg`` answers) once the kernel is idle again.
+        """
+        if self.died.is_set():
+            raise KernelDied(self._exit_code)
+        msg = self._kc.session.msg(msg_type, dict(content))
+        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
+        outputs: list[Output] = []
+        try:
+            await self._collect(msg["header"]["msg_id"], deadline, outputs.append, reply=False)
+        except TimeoutError:
+            await self._timeout_ladder(msg["header"]["msg_id"], outputs.append)
+            raise ExecutionTimeout(0.0) from None
+        return tuple(outputs)
+
     async def _collect(
-        self, msg_id: str, deadline: float, sink: OutputCallback
+        self, msg_id: str, deadline: float, sink: OutputCallback, *, reply: bool = True
     ) -> Mapping[str, Any]:
-        reply: Mapping[str, Any] | None = None
+        answer: Mapping[str, Any] | None = None if reply else {}
         idle = False
-        while reply is None or not idle:
+        while answer is None or not idle:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError
@@ -359,12 +384,12 @@ class Kernel:
                 continue  # left over from an earlier, abandoned execution
             msg_type = msg["header"]["msg_type"]
             if channel == "shell":
-                reply = msg["content"]
+                answer = msg["content"]
             elif msg_type == "status":
                 idle = msg["content"].get("execution_state") == "idle"
             elif msg_type != "execute_input":
                 sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
-        return reply
+        return answer
 
     async def _timeout_ladder(self, msg_id: str, sink: OutputCallback) -> None:
         """Interrupt, give the cell a grace period, then kill the whole process group."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from .errors import ExecutionTimeout, KernelDied
 from .kernel import Kernel, OutputCallback
-from .messages import ExecuteResult
+from .messages import ExecuteResult, Output
 
 
 class RetireReason(enum.Enum):
@@ -95,6 +95,30 @@ class Lease:
             raise
         self._in_flight = False
         return result
+
+    async def send(
+        self,
+        msg_type: str,
+        content: Mapping[str, Any],
+        *,
+        deadline: float,
+        buffers: Sequence[bytes | memoryview] = (),
+    ) -> tuple[Output, ...]:
+        """Send a custom shell message (a comm message for in-kernel code, typically).
+
+        Returns what the kernel published on IOPub in response, once it is idle again.
+        """
+        self._in_flight = True
+        try:
+            outputs = await self._kernel.send(msg_type, content, deadline=deadline, buffers=buffers)
+        except ExecutionTimeout:
+            self.retire(RetireReason.TIMEOUT)
+            raise
+        except KernelDied:
+            self.retire(RetireReason.DIED)
+            raise
+        self._in_flight = False
+        return outputs
 
     async def interrupt(self) -> None:
         """Send SIGINT to the kernel (the lease stays held)."""

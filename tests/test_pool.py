@@ -346,3 +346,24 @@ async def test_kernel_that_exits_while_idle_is_never_leased(pool: Pool) -> None:
     async with pool.lease(wait_seconds=30) as lease:
         assert lease.kernel_id != first
         assert await run(lease, "print(5)") == "5\n"
+
+
+async def test_comm_messages_reach_in_kernel_code() -> None:
+    setup = (
+        "def _echo_target(comm, open_msg):\n"
+        "    @comm.on_msg\n"
+        "    def _(msg):\n"
+        "        data = msg['content']['data']\n"
+        "        comm.send({'doubled': data['n'] * 2}, buffers=[bytes(b)[::-1] for b in msg['buffers']])\n"
+        "get_ipython().kernel.comm_manager.register_target('echo', _echo_target)\n"
+        "del _echo_target\n"
+    )
+    async with Pool(PoolConfig(size=1, setup_code=setup)) as pool, pool.lease() as lease:
+        deadline = time.monotonic() + 10
+        await lease.send("comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}}, deadline=deadline)
+        outputs = await lease.send(
+            "comm_msg", {"comm_id": "c1", "data": {"n": 21}}, deadline=deadline, buffers=[b"abc"]
+        )
+        answers = [o for o in outputs if o.msg_type == "comm_msg"]
+        assert answers[0].content["data"] == {"doubled": 42}
+        assert bytes(answers[0].buffers[0]) == b"cba"
