@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 
 import psutil
 from fastapi import FastAPI, Request
@@ -22,19 +20,9 @@ from .errors import WorkerError, error_response
 from .execution import ExecutionContext
 from .routes import router
 from .settings import Settings
+from .state import WorkerState
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class WorkerState:
-    """Everything a request handler needs, created once per application."""
-
-    settings: Settings
-    pool: Pool
-    context: ExecutionContext
-    started_at: float = field(default_factory=time.monotonic)
-    active_executions: int = 0
 
 
 def hardware_report() -> dict[str, object]:

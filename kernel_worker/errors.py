@@ -6,6 +6,7 @@
     ├── BadRequest                      400
     ├── Unauthorized                    401
     ├── PayloadTooLarge                 413
+    ├── Cancelled                       409
     ├── CellTimedOut                    408 (504 when the caller asks for it)
     ├── KernelCrashed                   502
     ├── UpstreamFailed                  502
@@ -29,6 +30,7 @@ from starlette.responses import JSONResponse
 
 __all__ = [
     "BadRequest",
+    "Cancelled",
     "CellTimedOut",
     "KernelCrashed",
     "PayloadTooLarge",
@@ -65,6 +67,10 @@ class PayloadTooLarge(WorkerError):
     """An input (or the metadata part) is larger than the configured cap."""
 
 
+class Cancelled(WorkerError):
+    """The execution was cancelled (cancel route or client disconnect); its kernel retired."""
+
+
 class CellTimedOut(WorkerError):
     """The cell ran past its ``timeout_seconds``."""
 
@@ -97,6 +103,7 @@ _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
         BadRequest: 400,
         Unauthorized: 401,
         PayloadTooLarge: 413,
+        Cancelled: 409,
         CellTimedOut: 408,
         KernelCrashed: 502,
         UpstreamFailed: 502,
@@ -109,7 +116,7 @@ _TIMEOUT_STATUSES = frozenset({408, 504})
 # Statuses whose body also carries the reference's ``{"success": false, "error": ...}``
 # result shape (it answers timeouts and dead cell processes that way); the client reads
 # ``detail``, then ``error``, so both keys name the same text.
-_RESULT_SHAPED = frozenset({408, 502, 503, 504})
+_RESULT_SHAPED = frozenset({408, 409, 502, 503, 504})
 
 
 def status_for(exc: WorkerError, *, timeout_status: int = 408) -> int:

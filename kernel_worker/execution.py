@@ -13,12 +13,12 @@ import base64
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease
+from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
 
 from .agent import AGENT_PACKAGE
 from .bundle import CellOutcome, MimeDisplay
@@ -42,6 +42,9 @@ _MIME_EXTENSIONS = {
     "application/javascript": ".js",
     "application/pdf": ".pdf",
 }
+ConsoleListener = Callable[[str, str], None]
+"""Receives ``(stream name, text)`` for every console chunk, in order."""
+
 _BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
 
 
@@ -108,10 +111,19 @@ def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
 
 
 async def run_cell(
-    lease: Lease, request: CellRequest, run_dir: RunDir, context: ExecutionContext
+    lease: Lease,
+    request: CellRequest,
+    run_dir: RunDir,
+    context: ExecutionContext,
+    *,
+    console: ConsoleListener | None = None,
 ) -> CellOutcome:
-    """Run the cell; raise :class:`CellTimedOut` or :class:`KernelCrashed` when it cannot end."""
+    """Run the cell; raise :class:`CellTimedOut` or :class:`KernelCrashed` when it cannot end.
+
+    ``console`` (optional) sees every stdout/stderr chunk as the kernel produces it.
+    """
     reducer = OutputReducer(context.console_cap)
+    sink = reducer.feed if console is None else _teeing(reducer, console)
     started = time.monotonic()
     try:
         result = await lease.execute(
@@ -120,7 +132,7 @@ async def run_cell(
             store_history=False,
             metadata={"strata": build_plan(request, run_dir)},
             user_expressions={"strata": _COLLECT},
-            on_output=reducer.feed,
+            on_output=sink,
         )
     except ExecutionTimeout:
         raise CellTimedOut(f"Cell execution timed out after {request.timeout_seconds:g}s") from None
@@ -130,6 +142,15 @@ async def run_cell(
         ) from None
     duration_ms = int((time.monotonic() - started) * 1000)
     return await asyncio.to_thread(_outcome, result, reducer, run_dir, context, duration_ms)
+
+
+def _teeing(reducer: OutputReducer, console: ConsoleListener) -> Callable[[Output], None]:
+    def feed(output: Output) -> None:
+        reducer.feed(output)
+        if output.msg_type == "stream":
+            console(str(output.content.get("name")), str(output.content.get("text", "")))
+
+    return feed
 
 
 def _outcome(

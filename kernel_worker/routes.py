@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,19 +16,15 @@ from fastapi import APIRouter, Depends, Request
 from starlette.background import BackgroundTask
 from starlette.responses import FileResponse, JSONResponse, Response
 
-from kernel_pool import PoolBusy, PoolClosed
-
 from . import __version__
 from .auth import check_bearer
-from .bundle import CellOutcome, write_bundle
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
-from .errors import WorkerBusy
-from .execution import RunDir, run_cell
+from .execution import RunDir
+from .service import admitted, execute_to_bundle
 from .staging import bind_inputs, stage_multipart
 
 if TYPE_CHECKING:
-    from .app import WorkerState
-    from .settings import Settings
+    from .state import Execution, WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +95,7 @@ def _features() -> dict[str, object]:
         "notebook_protocol_version": NOTEBOOK_PROTOCOL,
         "output_format": OUTPUT_FORMAT,
         "pull_model": False,
-        "cancel": False,
+        "cancel": True,
         "output_dirs": False,
         "folder_inputs": True,
         "locked_environments": False,
@@ -132,7 +129,11 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
     try:
         await asyncio.to_thread(run_dir.create)
         cell = await _receive(request, parse, run_dir, state)
-        bundle = await _run(cell, run_dir, state)
+        async with (
+            admitted(state, cell.build_id) as execution,
+            _cancel_on_disconnect(request, execution),
+        ):
+            bundle = await execute_to_bundle(state, cell, run_dir, execution)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, root, True)
         raise
@@ -161,32 +162,31 @@ async def _receive(
     return cell
 
 
-async def _run(cell: CellRequest, run_dir: RunDir, state: WorkerState) -> Path:
-    state.active_executions += 1
+@contextlib.asynccontextmanager
+async def _cancel_on_disconnect(request: Request, execution: Execution) -> AsyncIterator[None]:
+    """Once the body is read, the next ASGI message is the client going away: cancel then."""
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                execution.cancel.set()
+                return
+
+    watcher = asyncio.ensure_future(watch())
     try:
-        try:
-            lease_cm = state.pool.lease(wait_seconds=state.settings.queue_wait_seconds)
-            async with lease_cm as lease:
-                outcome = await run_cell(lease, cell, run_dir, state.context)
-        except (PoolBusy, PoolClosed) as exc:
-            raise WorkerBusy(_busy_detail(state, exc)) from None
-        bundle = run_dir.root / "bundle.tar.gz"
-        await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
-        return bundle
+        yield
     finally:
-        state.active_executions -= 1
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
 
 
-def _busy_detail(state: WorkerState, exc: Exception) -> str:
-    if isinstance(exc, PoolClosed):
-        return "Worker is shutting down"
-    size = state.settings.pool_size
-    return f"All {size} kernels are busy (waited {state.settings.queue_wait_seconds:g}s)"
-
-
-def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> None:
-    with open(bundle, "wb") as fh:
-        write_bundle(run_dir.root, outcome, fh, compresslevel=settings.bundle_compresslevel)
+@protected.post("/v1/executions/{build_id}/cancel")
+async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
+    """Stop an in-flight execution of ``build_id``; its kernel is retired."""
+    cancelled = _state(request).cancel(build_id)
+    return JSONResponse({"build_id": build_id, "cancelled": cancelled})
 
 
 router.include_router(protected)

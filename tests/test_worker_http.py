@@ -489,3 +489,49 @@ def test_busy_worker_answers_503_with_retry_after(
             assert read_bundle(result["r"]).manifest["success"] is True
     finally:
         w.stop()
+
+
+# -- cancel and disconnect -------------------------------------------------------------------------
+
+
+def _retired(c: httpx.Client, reason: str) -> int:
+    return int(c.get("/health").json()["pool"]["retirements"][reason])
+
+
+def test_cancel_route_stops_a_running_build(client: httpx.Client) -> None:
+    import threading
+
+    assert client.post("/v1/executions/nothing-here/cancel").json() == {
+        "build_id": "nothing-here", "cancelled": False,
+    }  # fmt: skip
+    before = _retired(client, "cancelled")
+    result: dict[str, httpx.Response] = {}
+    meta = v1_metadata("import time\ntime.sleep(30)") | {"build_id": "notebook-abc123"}
+    thread = threading.Thread(target=lambda: result.update(r=execute(client, "", metadata=meta)))
+    started = time.monotonic()
+    thread.start()
+    deadline = time.monotonic() + 10
+    while client.get("/health").json()["active_executions"] < 1:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    time.sleep(0.3)
+    answer = client.post("/v1/executions/notebook-abc123/cancel")
+    assert answer.json() == {"build_id": "notebook-abc123", "cancelled": True}
+    thread.join(20)
+    assert result["r"].status_code == 409
+    assert result["r"].json()["error"] == "execution was cancelled"
+    assert time.monotonic() - started < 10
+    assert _retired(client, "cancelled") == before + 1
+    assert run_ok(client, "ok = 1").variables["ok"]["preview"] == 1
+
+
+def test_client_disconnect_cancels_the_cell(client: httpx.Client, worker: WorkerProcess) -> None:
+    before = _retired(client, "cancelled")
+    with httpx.Client(base_url=worker.url, timeout=httpx.Timeout(60, read=1.0)) as impatient:
+        with pytest.raises(httpx.ReadTimeout):
+            execute(impatient, "import time\ntime.sleep(30)")
+    deadline = time.monotonic() + 10
+    while _retired(client, "cancelled") < before + 1:
+        assert time.monotonic() < deadline, "the abandoned cell kept its kernel busy"
+        time.sleep(0.05)
+    assert client.get("/health").json()["active_executions"] == 0

@@ -1,0 +1,42 @@
+"""The worker's shared state, created once per application."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from kernel_pool import Pool
+
+from .execution import ExecutionContext
+from .settings import Settings
+
+
+@dataclass(slots=True)
+class Execution:
+    """One admitted execution: what the cancel route needs to stop it."""
+
+    build_id: str | None
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """Everything a request handler needs."""
+
+    settings: Settings
+    pool: Pool
+    context: ExecutionContext
+    started_at: float = field(default_factory=time.monotonic)
+    executions: list[Execution] = field(default_factory=list)
+
+    @property
+    def active_executions(self) -> int:
+        return len(self.executions)
+
+    def cancel(self, build_id: str) -> bool:
+        """Flag every execution of ``build_id`` as cancelled; True if one was running."""
+        found = [e for e in self.executions if e.build_id == build_id]
+        for execution in found:
+            execution.cancel.set()
+        return bool(found)
