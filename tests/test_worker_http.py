@@ -527,9 +527,11 @@ def test_cancel_route_stops_a_running_build(client: httpx.Client) -> None:
 
 def test_client_disconnect_cancels_the_cell(client: httpx.Client, worker: WorkerProcess) -> None:
     before = _retired(client, "cancelled")
-    with httpx.Client(base_url=worker.url, timeout=httpx.Timeout(60, read=1.0)) as impatient:
-        with pytest.raises(httpx.ReadTimeout):
-            execute(impatient, "import time\ntime.sleep(30)")
+    timeout = httpx.Timeout(60, read=1.0)
+    with httpx.Client(base_url=worker.url, timeout=timeout) as impatient, pytest.raises(
+        httpx.ReadTimeout
+    ):
+        execute(impatient, "import time\ntime.sleep(30)")
     deadline = time.monotonic() + 10
     while _retired(client, "cancelled") < before + 1:
         assert time.monotonic() < deadline, "the abandoned cell kept its kernel busy"
