@@ -22,6 +22,7 @@ from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Outp
 
 from .agent import AGENT_PACKAGE
 from .bundle import CellOutcome, MimeDisplay
+from . import output_dirs
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed
 from .messages import JupyterDisplay, OutputReducer
@@ -70,6 +71,10 @@ class RunDir:
     def display(self) -> Path:
         return self.root / "display"
 
+    @property
+    def dirs(self) -> Path:
+        return self.root / "dirs"
+
     def create(self) -> None:
         for path in (self.inputs, self.work, self.files, self.display):
             path.mkdir(exist_ok=True)
@@ -103,6 +108,7 @@ def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
     ]
     return {
         "inputs": inputs,
+        "paths": output_dirs.prepare(run_dir.dirs, output_dirs.declared(request.source)),
         "env": dict(request.env),
         "work_dir": str(run_dir.work),
         "files_dir": str(run_dir.files),
@@ -130,7 +136,7 @@ async def run_cell(
             request.source,
             deadline=started + request.timeout_seconds,
             store_history=False,
-            metadata={"strata": build_plan(request, run_dir)},
+            metadata={"strata": await asyncio.to_thread(build_plan, request, run_dir)},
             user_expressions={"strata": _COLLECT},
             on_output=sink,
         )
@@ -141,7 +147,10 @@ async def run_cell(
             f"The kernel running the cell died (exit status {exc.exit_code})"
         ) from None
     duration_ms = int((time.monotonic() - started) * 1000)
-    return await asyncio.to_thread(_outcome, result, reducer, run_dir, context, duration_ms)
+    folders = output_dirs.declared(request.source)
+    return await asyncio.to_thread(
+        _outcome, result, reducer, run_dir, context, duration_ms, folders
+    )
 
 
 def _teeing(reducer: OutputReducer, console: ConsoleListener) -> Callable[[Output], None]:
@@ -159,6 +168,7 @@ def _outcome(
     run_dir: RunDir,
     context: ExecutionContext,
     duration_ms: int,
+    folders: tuple[str, ...],
 ) -> CellOutcome:
     mime = write_jupyter_displays(reducer.displays, run_dir.display)
     report, failure = _report(result, reducer)
@@ -168,6 +178,7 @@ def _outcome(
         "stderr": reducer.stderr,
         "hardware": context.hardware,
         "duration_ms": duration_ms,
+        "output_dirs": output_dirs.listing(run_dir.dirs, folders),
     }
     if failure is not None:
         ename, evalue, traceback = failure

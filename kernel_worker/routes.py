@@ -96,7 +96,7 @@ def _features() -> dict[str, object]:
         "output_format": OUTPUT_FORMAT,
         "pull_model": False,
         "cancel": True,
-        "output_dirs": False,
+        "output_dirs": True,
         "folder_inputs": True,
         "locked_environments": False,
         "languages": ["python"],

@@ -537,3 +537,20 @@ def test_client_disconnect_cancels_the_cell(client: httpx.Client, worker: Worker
         assert time.monotonic() < deadline, "the abandoned cell kept its kernel busy"
         time.sleep(0.05)
     assert client.get("/health").json()["active_executions"] == 0
+
+
+def test_output_dir_folders_come_back_in_dirs(client: httpx.Client) -> None:
+    source = (
+        "# @worker warm\n# @output_dir plots\n\n"
+        "(plots / 'a.txt').write_text('alpha')\n"
+        "(plots / 'sub').mkdir()\n(plots / 'sub' / 'b.bin').write_bytes(b'12345')\n"
+        "import os\nos.symlink('/etc/passwd', plots / 'link')\n"
+        "kind = type(plots).__name__"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.manifest["output_dirs"] == {"plots": {"a.txt": 5, "sub/b.bin": 5}}
+    assert bundle.members["dirs/plots/a.txt"] == b"alpha"
+    assert bundle.members["dirs/plots/sub/b.bin"] == b"12345"
+    assert "plots" not in bundle.variables
+    assert bundle.variables["kind"]["preview"].endswith("Path")
+    assert not any(name.endswith("link") for name in bundle.members)

@@ -10,6 +10,7 @@ the ``execute_reply``. Nothing of the request is ever turned into kernel source.
 import ast
 import json
 import os
+import pathlib
 import sys
 
 from . import codecs
@@ -116,8 +117,8 @@ def _prepare(shell, run):
         ns[name] = value
         run.inputs[name] = value
         run.fingerprints[name] = codecs.fingerprint(value)
-    for name, value in (plan.get("bindings") or {}).items():
-        ns[name] = value
+    for name, path in (plan.get("paths") or {}).items():
+        ns[name] = pathlib.Path(path)
 
 
 class InputError(Exception):
