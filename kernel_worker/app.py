@@ -18,6 +18,7 @@ from .agent import setup_code
 from .auth import scrub_secrets
 from .errors import WorkerError, error_response
 from .execution import ExecutionContext
+from .jobs import JobQueue
 from .routes import router
 from .settings import Settings
 from .state import WorkerState
@@ -63,7 +64,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         settings = _with_token(settings, secrets["STRATA_WORKER_TOKEN"].strip())
     kernel_env = dict(os.environ)
     pool = Pool(pool_config(settings, kernel_env))
-    state = WorkerState(settings, pool, ExecutionContext(hardware_report(), settings.console_cap))
+    jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
+    context = ExecutionContext(hardware_report(), settings.console_cap)
+    state = WorkerState(settings, pool, context, jobs)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -72,6 +75,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await jobs.aclose()
             await pool.aclose()
 
     app = FastAPI(title="strata-kernel-worker", version=__version__, lifespan=lifespan)

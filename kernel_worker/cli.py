@@ -11,7 +11,15 @@ from typing import Any
 
 from kernel_pool import RecyclePolicy
 
-from .settings import DEFAULT_PORT, Settings, max_input_bytes_from_env, parse_gpu_slots, parse_size
+from .settings import (
+    DEFAULT_PORT,
+    Settings,
+    allow_local_hosts_from_env,
+    allowed_hosts_from_env,
+    max_input_bytes_from_env,
+    parse_gpu_slots,
+    parse_size,
+)
 
 ENV_PREFIX = "STRATA_KERNEL_WORKER_"
 
@@ -118,7 +126,20 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "--queue-wait",
         f"{ENV_PREFIX}QUEUE_WAIT",
         _seconds,
-        "seconds a request waits for a free kernel before 503 (default 5)",
+        "seconds a request waits inline for a kernel; then it is answered 202 with a job "
+        "URL to poll (default 2)",
+    ),
+    (
+        "--queue-depth",
+        f"{ENV_PREFIX}QUEUE_DEPTH",
+        _non_negative_int,
+        "executions that may wait for a kernel; more get 503 + Retry-After (default 32)",
+    ),
+    (
+        "--job-ttl",
+        f"{ENV_PREFIX}JOB_TTL",
+        _seconds,
+        "seconds a finished job's result is kept for its poller (default 600)",
     ),
     (
         "--console-cap",
@@ -183,9 +204,12 @@ def _settings(
         "recycle": RecyclePolicy(recycle),
         "token": token,
         "max_input_bytes": max_input_bytes_from_env(environ),
-        "queue_wait_seconds": values.pop("queue_wait", 5.0),
+        "queue_wait_seconds": values.pop("queue_wait", 2.0),
+        "job_ttl_seconds": values.pop("job_ttl", 600.0),
         "run_root": values.pop("run_dir", None),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
+        "allow_local_hosts": allow_local_hosts_from_env(environ),
+        "allowed_hosts": allowed_hosts_from_env(environ),
         **values,
     }
     try:

@@ -5,6 +5,7 @@
     WorkerError (.detail: str)          status
     ├── BadRequest                      400
     ├── Unauthorized                    401
+    ├── NotFound                        404
     ├── PayloadTooLarge                 413
     ├── Cancelled                       409
     ├── CellTimedOut                    408 (504 when the caller asks for it)
@@ -33,6 +34,7 @@ __all__ = [
     "Cancelled",
     "CellTimedOut",
     "KernelCrashed",
+    "NotFound",
     "PayloadTooLarge",
     "Unauthorized",
     "UpstreamFailed",
@@ -61,6 +63,10 @@ class BadRequest(WorkerError):
 
 class Unauthorized(WorkerError):
     """The bearer-token gate refused the request."""
+
+
+class NotFound(WorkerError):
+    """The thing asked for (a job, typically) does not exist or has expired."""
 
 
 class PayloadTooLarge(WorkerError):
@@ -102,6 +108,7 @@ _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
     {
         BadRequest: 400,
         Unauthorized: 401,
+        NotFound: 404,
         PayloadTooLarge: 413,
         Cancelled: 409,
         CellTimedOut: 408,

@@ -19,8 +19,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from . import __version__
 from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
+from .errors import NotFound, error_response, status_for
 from .execution import RunDir
-from .service import admitted, execute_to_bundle
+from .jobs import Job
+from .service import submit
 from .staging import bind_inputs, stage_multipart
 
 if TYPE_CHECKING:
@@ -72,6 +74,7 @@ async def health(request: Request) -> JSONResponse:
         "uptime_seconds": round(time.monotonic() - state.started_at, 3),
         "launch_id": state.settings.launch_id,
         "active_executions": state.active_executions,
+        "queue_depth": state.jobs.queued,
         "max_concurrent": state.settings.pool_size,
         "gpu_slots": len(slots) if slots else None,
         "free_gpu_slots": _free_slots(state) if slots else None,
@@ -129,19 +132,67 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
     try:
         await asyncio.to_thread(run_dir.create)
         cell = await _receive(request, parse, run_dir, state)
-        async with (
-            admitted(state, cell.build_id) as execution,
-            _cancel_on_disconnect(request, execution),
-        ):
-            bundle = await execute_to_bundle(state, cell, run_dir, execution)
+        job = submit(state, cell, run_dir)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, root, True)
         raise
-    return FileResponse(
-        bundle,
-        media_type="application/x-tar",
-        headers=BUNDLE_HEADERS,
-        background=BackgroundTask(shutil.rmtree, root, True),
+    async with _cancel_on_disconnect(request, job.execution):
+        try:
+            await asyncio.wait_for(job.started.wait(), state.settings.queue_wait_seconds)
+        except TimeoutError:
+            return _accepted(state, job)
+        await job.done.wait()
+    return _deliver(state, job)
+
+
+def _accepted(state: WorkerState, job: Job) -> JSONResponse:
+    """Still queued after the short wait: hand the client a job URL to poll."""
+    body: dict[str, object] = {"job_url": f"/v1/jobs/{job.job_id}", "state": job.state.value}
+    position = state.jobs.position(job)
+    if position is not None:
+        body["position"] = position
+    return JSONResponse(body, status_code=202)
+
+
+def _deliver(state: WorkerState, job: Job) -> Response:
+    """A finished job's answer: its bundle, or its error; the job is released after."""
+    if job.bundle is not None:
+        return FileResponse(
+            job.bundle,
+            media_type="application/x-tar",
+            headers=BUNDLE_HEADERS,
+            background=BackgroundTask(_release, state, job),
+        )
+    state.jobs.release(job)
+    assert job.error is not None
+    return error_response(job.error, timeout_status=state.settings.timeout_status)
+
+
+async def _release(state: WorkerState, job: Job) -> None:
+    state.jobs.release(job)
+
+
+@protected.get("/v1/jobs/{job_id}")
+async def poll_job(job_id: str, request: Request) -> Response:
+    """A queued or running job's state; once it ended, its bundle (or failure) once."""
+    state = _state(request)
+    job = state.jobs.get(job_id)
+    if job is None:
+        raise NotFound("Unknown or expired job")
+    if not job.done.is_set():
+        body: dict[str, object] = {"state": job.state.value}
+        position = state.jobs.position(job)
+        if position is not None:
+            body["position"] = position
+        return JSONResponse(body)
+    if job.bundle is not None:
+        return _deliver(state, job)
+    assert job.error is not None
+    state.jobs.release(job)
+    status = status_for(job.error, timeout_status=state.settings.timeout_status)
+    detail = job.error.detail
+    return JSONResponse(
+        {"state": "failed", "status_code": status, "error": detail, "detail": detail}
     )
 
 

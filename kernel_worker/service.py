@@ -1,23 +1,24 @@
 """One execution from admission to bundle, shared by every execute route.
 
-Admission (a lease within ``--queue-wait``), the cell, cancellation (the cancel route or a
-disconnected client set the execution's event; the running kernel is then retired), and
-writing the bundle from the run directory.
+Admission (a job, waiting for a kernel as long as it is queued), the cell, cancellation
+(the cancel route or a disconnected client set the execution's event; a running kernel is
+then retired), and writing the bundle from the run directory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from kernel_pool import Lease, PoolBusy, PoolClosed, RetireReason
+from kernel_pool import PoolClosed
 
 from .bundle import CellOutcome, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, WorkerBusy
 from .execution import ConsoleListener, RunDir, run_cell
+from .jobs import Job
 from .settings import Settings
 from .state import Execution, WorkerState
 
@@ -26,13 +27,37 @@ CANCELLED_DETAIL = "execution was cancelled"
 
 @contextlib.asynccontextmanager
 async def admitted(state: WorkerState, build_id: str | None) -> AsyncIterator[Execution]:
-    """Count the execution as active (and cancellable by build id) while it runs."""
-    execution = Execution(build_id)
-    state.executions.append(execution)
+    """Count an execution as active (and cancellable by build id) while the block runs."""
+    execution = state.admit(build_id)
     try:
         yield execution
     finally:
-        state.executions.remove(execution)
+        state.discharge(execution)
+
+
+def submit(
+    state: WorkerState,
+    cell: CellRequest,
+    run_dir: RunDir,
+    *,
+    console: ConsoleListener | None = None,
+) -> Job:
+    """Admit ``cell`` as a job (raises :class:`WorkerBusy` when the queue is full)."""
+    execution = state.admit(cell.build_id)
+
+    async def runner(job: Job) -> Path:
+        try:
+            return await execute_to_bundle(
+                state, cell, run_dir, execution, console=console, on_start=job.mark_running
+            )
+        finally:
+            state.discharge(execution)
+
+    try:
+        return state.jobs.submit(execution, run_dir, runner)
+    except BaseException:
+        state.discharge(execution)
+        raise
 
 
 async def execute_to_bundle(
@@ -42,50 +67,35 @@ async def execute_to_bundle(
     execution: Execution,
     *,
     console: ConsoleListener | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Path:
-    """Lease a kernel, run the cell and write the bundle; return the bundle's path."""
-    if execution.cancel.is_set():
-        raise Cancelled(CANCELLED_DETAIL)
-    try:
-        lease_cm = state.pool.lease(wait_seconds=state.settings.queue_wait_seconds)
-        async with lease_cm as lease:
-            outcome = await _run_cancellable(lease, cell, run_dir, state, execution, console)
-    except (PoolBusy, PoolClosed) as exc:
-        raise WorkerBusy(_busy_detail(state, exc)) from None
-    bundle = run_dir.root / "bundle.tar.gz"
-    await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
-    return bundle
+    """Lease a kernel (waiting as long as needed), run the cell, write the bundle."""
 
+    async def body() -> Path:
+        try:
+            async with state.pool.lease() as lease:
+                if on_start is not None:
+                    on_start()
+                outcome = await run_cell(lease, cell, run_dir, state.context, console=console)
+        except PoolClosed:
+            raise WorkerBusy("Worker is shutting down") from None
+        bundle = run_dir.root / "bundle.tar.gz"
+        await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
+        return bundle
 
-async def _run_cancellable(
-    lease: Lease,
-    cell: CellRequest,
-    run_dir: RunDir,
-    state: WorkerState,
-    execution: Execution,
-    console: ConsoleListener | None,
-) -> CellOutcome:
-    run = asyncio.ensure_future(run_cell(lease, cell, run_dir, state.context, console=console))
+    work = asyncio.ensure_future(body())
     cancelled = asyncio.ensure_future(execution.cancel.wait())
     try:
-        await asyncio.wait({run, cancelled}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         cancelled.cancel()
-        if not run.done():
-            lease.retire(RetireReason.CANCELLED)  # the kernel is killed, never reused
-            run.cancel()
+        if not work.done():
+            work.cancel()  # a lease cancelled mid-execution retires its kernel
             with contextlib.suppress(asyncio.CancelledError):
-                await run
-    if run.cancelled():
+                await work
+    if work.cancelled():
         raise Cancelled(CANCELLED_DETAIL)
-    return run.result()
-
-
-def _busy_detail(state: WorkerState, exc: Exception) -> str:
-    if isinstance(exc, PoolClosed):
-        return "Worker is shutting down"
-    size = state.settings.pool_size
-    return f"All {size} kernels are busy (waited {state.settings.queue_wait_seconds:g}s)"
+    return work.result()
 
 
 def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> None:

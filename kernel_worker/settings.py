@@ -13,6 +13,7 @@ DEFAULT_PORT = 9000
 DEFAULT_MAX_INPUT_BYTES = 2 * 1024**3
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
+_TRUE = frozenset({"1", "true", "yes"})
 
 
 def parse_size(text: str) -> int:
@@ -51,6 +52,17 @@ def max_input_bytes_from_env(environ: Mapping[str, str]) -> int:
     return value if value > 0 else DEFAULT_MAX_INPUT_BYTES
 
 
+def allow_local_hosts_from_env(environ: Mapping[str, str]) -> bool:
+    """``STRATA_WORKER_ALLOW_LOCAL_HOSTS``: 1/true/yes lifts the pull model's address rule."""
+    return environ.get("STRATA_WORKER_ALLOW_LOCAL_HOSTS", "").strip().lower() in _TRUE
+
+
+def allowed_hosts_from_env(environ: Mapping[str, str]) -> tuple[str, ...]:
+    """``STRATA_WORKER_ALLOWED_HOSTS``: comma-separated names, or ``.suffix`` entries."""
+    raw = environ.get("STRATA_WORKER_ALLOWED_HOSTS", "")
+    return tuple(entry.strip().lower() for entry in raw.split(",") if entry.strip())
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     host: str = "127.0.0.1"
@@ -67,13 +79,18 @@ class Settings:
     log_level: str = "info"
     token: str | None = field(default=None, repr=False)
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
-    queue_wait_seconds: float = 5.0
+    queue_wait_seconds: float = 2.0
+    queue_depth: int = 32
+    job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
     bundle_compresslevel: int = 1
     run_root: Path | None = None
     kernel_user: str | None = None
     launch_id: str | None = None
     interrupt_grace_seconds: float = 2.0
+    # pull model (spec §10): where signed URLs may point
+    allow_local_hosts: bool = False
+    allowed_hosts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.timeout_status not in (408, 504):
@@ -82,3 +99,7 @@ class Settings:
             raise ValueError("bundle compression level must be 0..9")
         if self.queue_wait_seconds < 0:
             raise ValueError("queue wait must not be negative")
+        if self.queue_depth < 0:
+            raise ValueError("queue depth must not be negative")
+        if self.job_ttl_seconds <= 0:
+            raise ValueError("job TTL must be positive")

@@ -5,14 +5,18 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kernel_pool import Pool
 
 from .execution import ExecutionContext
 from .settings import Settings
 
+if TYPE_CHECKING:
+    from .jobs import JobQueue
 
-@dataclass(slots=True)
+
+@dataclass(eq=False, slots=True)
 class Execution:
     """One admitted execution: what the cancel route needs to stop it."""
 
@@ -27,12 +31,22 @@ class WorkerState:
     settings: Settings
     pool: Pool
     context: ExecutionContext
+    jobs: JobQueue
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
 
     @property
     def active_executions(self) -> int:
         return len(self.executions)
+
+    def admit(self, build_id: str | None) -> Execution:
+        """Count an execution as active (and cancellable by build id) until discharged."""
+        execution = Execution(build_id)
+        self.executions.append(execution)
+        return execution
+
+    def discharge(self, execution: Execution) -> None:
+        self.executions.remove(execution)
 
     def cancel(self, build_id: str) -> bool:
         """Flag every execution of ``build_id`` as cancelled; True if one was running."""

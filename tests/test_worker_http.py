@@ -462,31 +462,71 @@ def test_console_cap_and_timeout_status_option(guarded: WorkerProcess) -> None:
         assert response.status_code == 504
 
 
-def test_busy_worker_answers_503_with_retry_after(
+def test_busy_worker_queues_with_202_then_503_when_full(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2")
-    try:
-        with httpx.Client(base_url=w.url, timeout=60) as slow, httpx.Client(
-            base_url=w.url, timeout=60
-        ) as fast:
-            import threading
+    import threading
 
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2", "--queue-depth", "1"
+    )
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
+            base_url=w.url, timeout=60
+        ) as other:
             result: dict[str, httpx.Response] = {}
             thread = threading.Thread(
-                target=lambda: result.update(r=execute(slow, "import time\ntime.sleep(2)"))
+                target=lambda: result.update(
+                    r=execute(other, "import time\ntime.sleep(2)\na = 1")
+                )
             )
             thread.start()
             deadline = time.monotonic() + 10
-            while fast.get("/health").json()["active_executions"] < 1:
+            while c.get("/health").json()["active_executions"] < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
-            response = execute(fast, "x = 1")
-            assert response.status_code == 503
-            assert response.headers["retry-after"] == "5"
-            assert "busy" in response.json()["detail"]
+            accepted = execute(c, "b = 2")
+            assert accepted.status_code == 202, accepted.text
+            job_url = accepted.json()["job_url"]
+            assert job_url.startswith("/v1/jobs/") and accepted.json()["position"] == 1
+            assert c.get("/health").json()["queue_depth"] == 1
+            full = execute(c, "c = 3")
+            assert full.status_code == 503
+            assert full.headers["retry-after"] == "5"
+            assert "queue is full" in full.json()["detail"]
+            states = set()
+            while True:
+                poll = c.get(job_url)
+                if poll.headers["content-type"].startswith("application/x-tar"):
+                    break
+                states.add(poll.json()["state"])
+                assert time.monotonic() < deadline + 20
+                time.sleep(0.1)
+            assert "queued" in states
+            assert read_bundle(poll).variables["b"]["preview"] == 2
+            assert c.get(job_url).status_code == 404  # collected: gone
             thread.join(30)
-            assert read_bundle(result["r"]).manifest["success"] is True
+            assert read_bundle(result["r"]).variables["a"]["preview"] == 1
+    finally:
+        w.stop()
+
+
+def test_queued_job_that_times_out_reports_408_through_the_poll(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            accepted = execute(c, "import time\ntime.sleep(20)", timeout_seconds=0.5)
+            assert accepted.status_code == 202
+            deadline = time.monotonic() + 20
+            while (body := c.get(accepted.json()["job_url"]).json())["state"] not in (
+                "finished", "failed",
+            ):  # fmt: skip
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert body["state"] == "failed" and body["status_code"] == 408
+            assert "timed out" in body["error"]
     finally:
         w.stop()
 

@@ -1,0 +1,137 @@
+"""Executions as jobs: each runs in the background and is answered inline or by polling.
+
+Every admitted execution becomes a :class:`Job`. The request that submitted it waits a short
+while (``--queue-wait``) for a kernel; if the job is still queued then, the request answers
+``202`` with a ``job_url`` that Strata's client polls (queue time never counts against the
+cell's own timeout). A job whose result was collected, or that nobody collected within the
+TTL, is removed along with its run directory. Beyond ``--queue-depth`` queued jobs, new
+requests get ``503``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import Cancelled, WorkerBusy, WorkerError
+from .execution import RunDir
+from .state import Execution
+
+log = logging.getLogger(__name__)
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    """One execution, from submission until its result is collected or expires."""
+
+    job_id: str
+    execution: Execution
+    run_dir: RunDir
+    state: JobState = JobState.QUEUED
+    bundle: Path | None = None
+    error: WorkerError | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    started: asyncio.Event = field(default_factory=asyncio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+    _expiry: asyncio.TimerHandle | None = None
+
+    def mark_running(self) -> None:
+        self.state = JobState.RUNNING
+        self.started.set()
+
+
+Runner = Callable[[Job], Any]  # a coroutine function: runs the job, returns the bundle path
+
+
+class JobQueue:
+    """The jobs of one worker, with a bound on how many may wait for a kernel."""
+
+    def __init__(self, *, max_queued: int, ttl_seconds: float) -> None:
+        self._jobs: dict[str, Job] = {}
+        self._max_queued = max_queued
+        self._ttl_seconds = ttl_seconds
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for job in self._jobs.values() if job.state is JobState.QUEUED)
+
+    def position(self, job: Job) -> int | None:
+        """1-based place in line of a queued job (None once it runs)."""
+        if job.state is not JobState.QUEUED:
+            return None
+        waiting = [j for j in self._jobs.values() if j.state is JobState.QUEUED]
+        waiting.sort(key=lambda j: j.submitted_at)
+        return waiting.index(job) + 1
+
+    def get(self, job_id: str) -> Job | None:
+        return self._jobs.get(job_id)
+
+    def submit(self, execution: Execution, run_dir: RunDir, runner: Runner) -> Job:
+        """Start ``runner(job)`` in the background, or raise :class:`WorkerBusy` if full."""
+        if self.queued >= self._max_queued:
+            raise WorkerBusy(f"Worker queue is full ({self._max_queued} executions waiting)")
+        job = Job(secrets.token_urlsafe(16), execution, run_dir)
+        self._jobs[job.job_id] = job
+        job.task = asyncio.ensure_future(self._run(job, runner))
+        return job
+
+    async def _run(self, job: Job, runner: Runner) -> None:
+        try:
+            job.bundle = await runner(job)
+            job.state = JobState.FINISHED
+        except WorkerError as exc:
+            job.error, job.state = exc, JobState.FAILED
+        except asyncio.CancelledError:
+            job.error, job.state = Cancelled("execution was cancelled"), JobState.FAILED
+        except Exception:
+            log.exception("job %s failed unexpectedly", job.job_id)
+            job.error, job.state = WorkerError("internal error"), JobState.FAILED
+        finally:
+            job.started.set()
+            job.done.set()
+            job._expiry = asyncio.get_running_loop().call_later(
+                self._ttl_seconds, self.release, job
+            )  # uncollected results expire
+
+    def release(self, job: Job) -> None:
+        """Forget ``job`` and delete its run directory (after delivery, or at expiry).
+
+        Call it on the event loop's thread; the directory is removed in the background.
+        """
+        if self._jobs.pop(job.job_id, None) is None:
+            return
+        if job._expiry is not None:
+            job._expiry.cancel()
+        # never block the event loop on a (possibly large) directory
+        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
+
+    async def aclose(self) -> None:
+        """Cancel every job and remove what they left."""
+        jobs = list(self._jobs.values())
+        for job in jobs:
+            job.execution.cancel.set()
+        tasks = [job.task for job in jobs if job.task is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for job in jobs:
+            self.release(job)
