@@ -20,9 +20,9 @@ from typing import Any
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
 
+from . import output_dirs
 from .agent import AGENT_PACKAGE
 from .bundle import CellOutcome, MimeDisplay
-from . import output_dirs
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed
 from .messages import JupyterDisplay, OutputReducer
