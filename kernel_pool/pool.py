@@ -317,6 +317,11 @@ class Pool:
             states={s.value: states.get(s.value, 0) for s in KernelState},
             uses={k.kernel_id: k.uses for k in self._kernels.values()},
             closing=self._closing.is_set(),
+            busy_slots=tuple(
+                k.slot
+                for k in self._kernels.values()
+                if k.state is KernelState.BUSY and k.slot is not None
+            ),
         )
 
     @property

@@ -48,6 +48,8 @@ class PoolStats:
     last_start_error: str | None
     closing: bool
     gpu_slots: tuple[str, ...] = field(default=())
+    busy_slots: tuple[str, ...] = field(default=())
+    """GPU slots of the kernels currently leased."""
 
     @property
     def idle(self) -> int:
@@ -94,6 +96,7 @@ class StatsRecorder:
         states: Mapping[str, int],
         uses: Mapping[str, int],
         closing: bool,
+        busy_slots: tuple[str, ...] = (),
     ) -> PoolStats:
         return PoolStats(
             size=config.size,
@@ -110,4 +113,5 @@ class StatsRecorder:
             last_start_error=self._last_start_error,
             closing=closing,
             gpu_slots=config.gpu_slots,
+            busy_slots=busy_slots,
         )

@@ -200,7 +200,8 @@ def _settings(
         parser.error(f"--preload: no such file: {preload}")
     kwargs: dict[str, Any] = {
         "host": values.pop("host", "0.0.0.0" if token else "127.0.0.1"),
-        "pool_size": values.pop("pool_size", 2),
+        # with GPU slots and no explicit size, one kernel per GPU
+        "pool_size": values.pop("pool_size", len(values.get("gpu_slots") or ()) or 2),
         "recycle": RecyclePolicy(recycle),
         "token": token,
         "max_input_bytes": max_input_bytes_from_env(environ),

@@ -109,8 +109,8 @@ def _features() -> dict[str, object]:
 
 
 def _free_slots(state: WorkerState) -> int:
-    stats = state.pool.stats()
-    return max(0, min(len(state.settings.gpu_slots), stats.size) - stats.busy)
+    busy = set(state.pool.stats().busy_slots)
+    return sum(1 for slot in set(state.settings.gpu_slots) if slot not in busy)
 
 
 @protected.post("/v1/execute")

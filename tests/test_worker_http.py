@@ -438,7 +438,7 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
         assert v["token"]["preview"] is None and v["everywhere"]["preview"] is False
         assert v["gpu"]["preview"] in {"0", "1"}
         health = c.get("/health").json()
-        assert health["gpu_slots"] == 2
+        assert health["gpu_slots"] == 2 and health["free_gpu_slots"] == 2
 
 
 def test_input_cap_is_413(guarded: WorkerProcess) -> None:

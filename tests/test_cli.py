@@ -1,0 +1,79 @@
+"""Command-line and environment configuration."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kernel_pool import RecyclePolicy
+from kernel_worker.cli import settings_from
+
+
+def test_defaults() -> None:
+    s = settings_from([], {})
+    assert (s.host, s.port, s.pool_size, s.recycle) == ("127.0.0.1", 9000, 2, RecyclePolicy.RESET)
+    assert s.timeout_status == 408 and s.token is None
+    assert s.max_input_bytes == 2 * 1024**3
+
+
+def test_token_binds_all_interfaces_unless_host_given() -> None:
+    assert settings_from([], {"STRATA_WORKER_TOKEN": "t"}).host == "0.0.0.0"
+    assert settings_from(["--host", "127.0.0.1"], {"STRATA_WORKER_TOKEN": "t"}).host == "127.0.0.1"
+
+
+def test_environment_and_flags() -> None:
+    env = {
+        "STRATA_KERNEL_WORKER_POOL_SIZE": "3",
+        "STRATA_KERNEL_WORKER_MAX_KERNEL_MEMORY": "2G",
+        "STRATA_WORKER_MAX_INPUT_BYTES": "1000",
+        "STRATA_KERNEL_WORKER_RECYCLE": "fresh",
+    }
+    s = settings_from(["--pool-size", "4", "--timeout-status", "504"], env)
+    assert s.pool_size == 4  # the flag wins
+    assert s.max_kernel_memory == 2 * 1024**3
+    assert s.max_input_bytes == 1000
+    assert s.recycle is RecyclePolicy.FRESH
+    assert s.timeout_status == 504
+
+
+def test_gpu_slots_set_the_pool_size() -> None:
+    s = settings_from([], {"STRATA_WORKER_GPU_SLOTS": "3"})
+    assert s.gpu_slots == ("0", "1", "2") and s.pool_size == 3
+    s = settings_from(["--gpu-slots", "1,3"], {})
+    assert s.gpu_slots == ("1", "3") and s.pool_size == 2
+    assert settings_from(["--gpu-slots", "2", "--pool-size", "4"], {}).pool_size == 4
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--timeout-status", "500"],
+     ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"]],
+)  # fmt: skip
+def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        settings_from(argv, {})
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_help_explains_every_flag() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "kernel_worker", "--help"], capture_output=True, text=True, check=True
+    ).stdout
+    for flag in ("--pool-size", "--preload", "--recycle", "--max-uses", "--max-kernel-memory",
+                 "--spares", "--gpu-slots", "--timeout-status", "--kernel-name", "--log-level"):  # fmt: skip
+        assert flag in out
+
+
+def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPathFactory) -> None:
+    preload = tmp_path / "preload.py"  # type: ignore[operator]
+    preload.write_text("raise RuntimeError('weights not found')\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1",
+         "--preload", str(preload)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "weights not found" in proc.stderr
