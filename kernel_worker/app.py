@@ -6,9 +6,11 @@ import logging
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 import psutil
 from fastapi import FastAPI, Request
+from prometheus_client import start_http_server
 from starlette.responses import Response
 
 from kernel_pool import Pool, PoolConfig
@@ -19,9 +21,12 @@ from .auth import scrub_secrets
 from .errors import WorkerError, error_response
 from .execution import ExecutionContext
 from .jobs import JobQueue
+from .logs import RequestIdMiddleware
+from .metrics import WorkerMetrics
 from .routes import router
 from .settings import Settings
 from .state import WorkerState
+from .url_safety import UrlPolicy, guarded_client
 
 log = logging.getLogger(__name__)
 
@@ -66,15 +71,25 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     pool = Pool(pool_config(settings, kernel_env))
     jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
     context = ExecutionContext(hardware_report(), settings.console_cap)
-    state = WorkerState(settings, pool, context, jobs)
+    metrics = WorkerMetrics(
+        pool, lambda: {"queue_depth": jobs.queued, "active_executions": state.active_executions}
+    )
+    state = WorkerState(settings, pool, context, jobs, metrics)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        metrics_server = _serve_metrics(settings, metrics)
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
+        client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
+        state.http_client = client
         try:
             yield
         finally:
+            state.http_client = None
+            await client.aclose()
+            if metrics_server is not None:
+                metrics_server.shutdown()
             await jobs.aclose()
             await pool.aclose()
 
@@ -82,7 +97,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.worker = state
     app.include_router(router)
     app.add_exception_handler(WorkerError, _worker_error_handler)
+    app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> Any:
+    """With ``--metrics-port``, expose /metrics there (no token) besides the gated route."""
+    if settings.metrics_port is None:
+        return None
+    server, _thread = start_http_server(
+        settings.metrics_port, addr=settings.host, registry=metrics.registry
+    )
+    return server
 
 
 def _with_token(settings: Settings, token: str) -> Settings:

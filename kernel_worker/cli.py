@@ -11,6 +11,7 @@ from typing import Any
 
 from kernel_pool import RecyclePolicy
 
+from . import logs
 from .settings import (
     DEFAULT_PORT,
     Settings,
@@ -154,6 +155,14 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "where per-request directories are made (default: the system temp dir)",
     ),
     ("--log-level", f"{ENV_PREFIX}LOG_LEVEL", str, "debug, info (default), warning or error"),
+    ("--log-format", f"{ENV_PREFIX}LOG_FORMAT", str, "'text' (default) or 'json' (JSON lines)"),
+    (
+        "--metrics-port",
+        f"{ENV_PREFIX}METRICS_PORT",
+        int,
+        "also serve Prometheus /metrics without a token on this port (default: only the "
+        "token-gated /metrics route)",
+    ),
 ]
 
 
@@ -225,17 +234,21 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .app import create_app
 
     settings = settings_from(argv, os.environ)
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    logs.configure(settings.log_level, settings.log_format)
     log = logging.getLogger("kernel_worker")
     if settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
         )
     app = create_app(settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,  # keep our handler (request ids, JSON lines)
+        access_log=False,  # our middleware logs each request with its id
+    )
 
 
 if __name__ == "__main__":  # pragma: no cover

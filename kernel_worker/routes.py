@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.responses import FileResponse, JSONResponse, Response
 
@@ -22,6 +23,7 @@ from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import NotFound, error_response, status_for
 from .execution import RunDir
 from .jobs import Job
+from .pull import run_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
 
@@ -97,7 +99,7 @@ def _features() -> dict[str, object]:
     return {
         "notebook_protocol_version": NOTEBOOK_PROTOCOL,
         "output_format": OUTPUT_FORMAT,
-        "pull_model": False,
+        "pull_model": True,
         "cancel": True,
         "output_dirs": True,
         "folder_inputs": True,
@@ -203,7 +205,7 @@ async def _receive(
     state: WorkerState,
 ) -> CellRequest:
     staged = await stage_multipart(
-        request.stream(),
+        _counted(request.stream(), state),
         request.headers.get("content-type", ""),
         run_dir.inputs,
         max_part_bytes=state.settings.max_input_bytes,
@@ -211,6 +213,12 @@ async def _receive(
     cell = parse(staged.metadata)
     await asyncio.to_thread(bind_inputs, cell, staged, run_dir.inputs)
     return cell
+
+
+async def _counted(chunks: AsyncIterator[bytes], state: WorkerState) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        state.metrics.bytes_in.inc(len(chunk))
+        yield chunk
 
 
 @contextlib.asynccontextmanager
@@ -233,11 +241,31 @@ async def _cancel_on_disconnect(request: Request, execution: Execution) -> Async
             await watcher
 
 
+@protected.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics (behind the token gate when one is set)."""
+    registry = _state(request).metrics.registry
+    body = await asyncio.to_thread(generate_latest, registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 @protected.post("/v1/executions/{build_id}/cancel")
 async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     """Stop an in-flight execution of ``build_id``; its kernel is retired."""
     cancelled = _state(request).cancel(build_id)
     return JSONResponse({"build_id": build_id, "cancelled": cancelled})
+
+
+@protected.post("/v1/execute-manifest")
+async def execute_manifest(request: Request) -> JSONResponse:
+    """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
+    return JSONResponse(await run_manifest(_state(request), request.stream()))
+
+
+@protected.post("/execute")
+async def execute_pool_alias(request: Request) -> JSONResponse:
+    """strata-pool's path to the pull model (it posts the manifest with no content type)."""
+    return await execute_manifest(request)
 
 
 router.include_router(protected)

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 from kernel_pool import PoolClosed
 
 from .bundle import CellOutcome, write_bundle
 from .envelopes import CellRequest
-from .errors import Cancelled, WorkerBusy
+from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import ConsoleListener, RunDir, run_cell
 from .jobs import Job
 from .settings import Settings
@@ -76,11 +77,14 @@ async def execute_to_bundle(
             async with state.pool.lease() as lease:
                 if on_start is not None:
                     on_start()
-                outcome = await run_cell(lease, cell, run_dir, state.context, console=console)
+                with _observed(state) as observe:
+                    outcome = await run_cell(lease, cell, run_dir, state.context, console=console)
+                    observe("success" if outcome.success else "cell_error")
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
         bundle = run_dir.root / "bundle.tar.gz"
-        await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
+        size = await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
+        state.metrics.bytes_out.inc(size)
         return bundle
 
     work = asyncio.ensure_future(body())
@@ -98,6 +102,28 @@ async def execute_to_bundle(
     return work.result()
 
 
-def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> None:
+@contextlib.contextmanager
+def _observed(state: WorkerState) -> Iterator[Callable[[str], None]]:
+    """Time one execution into the histogram, labelled by how it ended."""
+    started = time.monotonic()
+    outcome = "cancelled"
+
+    def observe(label: str) -> None:
+        nonlocal outcome
+        outcome = label
+
+    try:
+        yield observe
+    except CellTimedOut:
+        outcome = "timeout"
+        raise
+    except KernelCrashed:
+        outcome = "kernel_died"
+        raise
+    finally:
+        state.metrics.executions.labels(outcome).observe(time.monotonic() - started)
+
+
+def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> int:
     with open(bundle, "wb") as fh:
-        write_bundle(run_dir.root, outcome, fh, compresslevel=settings.bundle_compresslevel)
+        return write_bundle(run_dir.root, outcome, fh, compresslevel=settings.bundle_compresslevel)

@@ -77,6 +77,8 @@ class Settings:
     gpu_slots: tuple[str, ...] = ()
     timeout_status: int = 408
     log_level: str = "info"
+    log_format: str = "text"
+    metrics_port: int | None = None
     token: str | None = field(default=None, repr=False)
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
     queue_wait_seconds: float = 2.0
@@ -99,6 +101,8 @@ class Settings:
             raise ValueError("bundle compression level must be 0..9")
         if self.queue_wait_seconds < 0:
             raise ValueError("queue wait must not be negative")
+        if self.log_format not in ("text", "json"):
+            raise ValueError("log format must be 'text' or 'json'")
         if self.queue_depth < 0:
             raise ValueError("queue depth must not be negative")
         if self.job_ttl_seconds <= 0:

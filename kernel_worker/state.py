@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import httpx
+
 from kernel_pool import Pool
 
 from .execution import ExecutionContext
@@ -14,6 +16,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .jobs import JobQueue
+    from .metrics import WorkerMetrics
 
 
 @dataclass(eq=False, slots=True)
@@ -32,8 +35,11 @@ class WorkerState:
     pool: Pool
     context: ExecutionContext
     jobs: JobQueue
+    metrics: WorkerMetrics
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
+    # the one client for pull-model transfers; opened and closed by the app's lifespan
+    http_client: httpx.AsyncClient | None = None
 
     @property
     def active_executions(self) -> int:

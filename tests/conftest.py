@@ -75,13 +75,19 @@ def free_port() -> int:
 class WorkerProcess:
     """A ``strata-kernel-worker`` started as a real process on loopback."""
 
-    def __init__(self, args: list[str], env: dict[str, str], run_dir: Path) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str], run_dir: Path, log_file: Path | None = None
+    ) -> None:
         self.port = free_port()
         self.run_dir = run_dir
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1",
                "--port", str(self.port), "--run-dir", str(run_dir), "--log-level", "warning", *args]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT)
+        self.log_file = log_file
+        stderr = open(log_file, "wb") if log_file is not None else None  # noqa: SIM115
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=stderr)
+        if stderr is not None:
+            stderr.close()
         self.kernel_pids: set[int] = set()
 
     def wait_ready(self, timeout: float = 60.0) -> None:
@@ -97,6 +103,10 @@ class WorkerProcess:
                 pass
             time.sleep(0.1)
         raise TimeoutError("worker did not become healthy")
+
+    def logs(self) -> str:
+        """What the worker logged so far (only when started with ``capture_logs``)."""
+        return self.log_file.read_text() if self.log_file is not None else ""
 
     def remember_kernels(self) -> set[int]:
         """Record the worker's current kernel processes (checked for leaks at the end)."""
@@ -126,13 +136,17 @@ class WorkerProcess:
 
 
 def start_worker(
-    tmp_path_factory: pytest.TempPathFactory, *args: str, env: dict[str, str] | None = None
+    tmp_path_factory: pytest.TempPathFactory,
+    *args: str,
+    env: dict[str, str] | None = None,
+    capture_logs: bool = False,
 ) -> WorkerProcess:
     run_dir = tmp_path_factory.mktemp("runs")
+    log_file = run_dir.parent / f"{run_dir.name}.log" if capture_logs else None
     full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     full_env.update(env or {})
     full_env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel stops capturing fd output under it
-    worker = WorkerProcess(list(args), full_env, run_dir)
+    worker = WorkerProcess(list(args), full_env, run_dir, log_file)
     try:
         worker.wait_ready()
     except BaseException:

@@ -1,0 +1,90 @@
+"""Logging: one request id through every line of a request, text or JSON lines.
+
+Logs carry ids, sizes, statuses and timings — never cell source or values (at any level
+above DEBUG).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import uuid
+from contextvars import ContextVar
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+request_id: ContextVar[str] = ContextVar("request_id", default="-")
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
+access_log = logging.getLogger("kernel_worker.access")
+
+
+class _RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S%z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def configure(level: str, fmt: str = "text") -> None:
+    """Install the root handler once (the CLI calls this; an embedding host may not)."""
+    handler = logging.StreamHandler()
+    handler.addFilter(_RequestIdFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class RequestIdMiddleware:
+    """Give every HTTP request an id (the caller's ``X-Request-Id`` if sane), log it, echo it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
+        rid = sent if _VALID_ID.match(sent) else uuid.uuid4().hex
+        token = request_id.set(rid)
+        started = time.monotonic()
+        status = 500
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message.setdefault("headers", [])
+                message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            access_log.info(
+                "%s %s %d %.1fms",
+                scope.get("method"),
+                scope.get("path"),
+                status,
+                (time.monotonic() - started) * 1000,
+            )
+            request_id.reset(token)

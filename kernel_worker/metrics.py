@@ -1,0 +1,82 @@
+"""Prometheus metrics: the pool's state read at scrape time, plus the worker's own counters.
+
+One registry per application (no module-level singletons). ``GET /metrics`` serves it behind
+the token gate, or ``--metrics-port`` serves it on a separate (unauthenticated) port.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.registry import Collector
+
+from kernel_pool import Pool
+
+_PREFIX = "strata_kernel_worker"
+_DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+
+
+class _PoolCollector(Collector):
+    """Reads the pool's stats snapshot and the worker's queue when scraped."""
+
+    def __init__(self, pool: Pool, gauges: Callable[[], dict[str, int]]) -> None:
+        self._pool = pool
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._pool.stats()
+        kernels = GaugeMetricFamily(f"{_PREFIX}_kernels", "Kernels by state", labels=["state"])
+        for state, count in stats.kernels_by_state.items():
+            kernels.add_metric([state], count)
+        yield kernels
+        yield CounterMetricFamily(f"{_PREFIX}_leases", "Leases served", stats.leases_served)
+        retired = CounterMetricFamily(
+            f"{_PREFIX}_kernel_retirements", "Kernels retired, by reason", labels=["reason"]
+        )
+        for reason, count in stats.retirements.items():
+            retired.add_metric([reason], count)
+        yield retired
+        yield CounterMetricFamily(
+            f"{_PREFIX}_kernel_start_failures", "Kernel starts that failed", stats.start_failures
+        )
+        for name, summary, text in (
+            ("lease_wait_seconds", stats.lease_wait, "Time waiting for a kernel"),
+            ("reset_seconds", stats.reset, "Time resetting a kernel after a lease"),
+            ("kernel_start_seconds", stats.kernel_start, "Time to start a warm kernel"),
+        ):
+            yield SummaryMetricFamily(
+                f"{_PREFIX}_{name}",
+                text,
+                count_value=summary.count,
+                sum_value=summary.total_seconds,
+            )
+        for name, value in self._gauges().items():
+            yield GaugeMetricFamily(f"{_PREFIX}_{name}", name.replace("_", " ").capitalize(), value)
+
+
+class WorkerMetrics:
+    """The worker's metrics registry and the instruments request handlers update."""
+
+    def __init__(self, pool: Pool, gauges: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry()
+        self.executions = Histogram(
+            f"{_PREFIX}_execution_seconds",
+            "Cell execution time (lease to bundle), by outcome",
+            ["outcome"],
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.bytes_in = Counter(
+            f"{_PREFIX}_input_bytes", "Input bytes received", registry=self.registry
+        )
+        self.bytes_out = Counter(
+            f"{_PREFIX}_bundle_bytes", "Output bundle bytes produced", registry=self.registry
+        )
+        self.registry.register(_PoolCollector(pool, gauges))

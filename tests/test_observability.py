@@ -1,0 +1,74 @@
+"""Metrics, request ids and logs, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import WorkerProcess, free_port, start_worker
+from .wire import execute, run_ok
+
+
+@pytest.fixture(scope="module")
+def observed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    port = free_port()
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--metrics-port", str(port),
+        "--log-format", "json", "--log-level", "info",
+        env={"STRATA_WORKER_TOKEN": "tok"}, capture_logs=True,
+    )  # fmt: skip
+    w.metrics_url = f"http://127.0.0.1:{port}/metrics"  # type: ignore[attr-defined]
+    yield w
+    w.stop()
+
+
+def _metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith("#"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_metrics_are_token_gated_and_count_executions(observed: WorkerProcess) -> None:
+    auth = {"Authorization": "Bearer tok"}
+    with httpx.Client(base_url=observed.url, timeout=60, headers=auth) as c:
+        assert httpx.get(observed.url + "/metrics").status_code == 401
+        before = c.get("/metrics").text
+        run_ok(c, "x = 1")
+        read = execute(c, "raise ValueError('no')")
+        assert read.status_code == 200
+        after = c.get("/metrics").text
+    assert "strata_kernel_worker_kernels{state=\"idle\"}" in after or "state=\"resetting\"" in after
+    name = 'strata_kernel_worker_execution_seconds_count{outcome="success"}'
+    assert _metric(after, name) == _metric(before, name) + 1
+    name = 'strata_kernel_worker_execution_seconds_count{outcome="cell_error"}'
+    assert _metric(after, name) == _metric(before, name) + 1
+    assert _metric(after, "strata_kernel_worker_input_bytes_total") > 0
+    assert _metric(after, "strata_kernel_worker_bundle_bytes_total") > 0
+    assert _metric(after, "strata_kernel_worker_leases_total") >= 2
+    # the separate port needs no token
+    separate = httpx.get(observed.metrics_url).text  # type: ignore[attr-defined]
+    assert "strata_kernel_worker_kernel_retirements_total" in separate
+
+
+def test_request_id_is_echoed_and_logged_without_source(observed: WorkerProcess) -> None:
+    auth = {"Authorization": "Bearer tok", "X-Request-Id": "req-12345"}
+    with httpx.Client(base_url=observed.url, timeout=60, headers=auth) as c:
+        response = execute(c, "secret_value = 'do-not-log-me'")
+        assert response.headers["x-request-id"] == "req-12345"
+        generated = c.get("/health", headers={"X-Request-Id": "bad id with spaces"})
+        assert len(generated.headers["x-request-id"]) == 32
+    deadline = time.monotonic() + 5
+    while True:  # the access line is written once the response has been sent
+        lines = [json.loads(line) for line in observed.logs().splitlines() if line.startswith("{")]
+        mine = [entry for entry in lines if entry["request_id"] == "req-12345"]
+        if any("/v1/execute" in entry["message"] for entry in mine):
+            break
+        assert time.monotonic() < deadline, mine
+        time.sleep(0.05)
+    assert "do-not-log-me" not in observed.logs()
