@@ -16,6 +16,9 @@ import threading
 
 _LAST_ERROR_ATTRS = ("last_type", "last_value", "last_traceback", "last_exc")
 _MISSING = object()
+# modules whose attributes a cell might monkeypatch and that everything else relies on
+_GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
+_SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook")
 
 _baseline = {}
 _preloaded = frozenset()
@@ -55,13 +58,81 @@ def capture():
         path=list(sys.path),
         threads=frozenset(t.ident for t in threading.enumerate()),
         history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
+        modules=dict(sys.modules),
+        module_dicts={
+            name: dict(sys.modules[name].__dict__)
+            for name in _GUARDED_MODULES
+            if name in sys.modules
+        },
+        sys_hooks={name: getattr(sys, name, _MISSING) for name in _SYS_HOOKS},
+        meta_path=list(sys.meta_path),
+        path_hooks=list(sys.path_hooks),
+        fds=_save_fds(),
     )
     _preloaded = frozenset(
         name for name in ns if name not in _before_preload and not name.startswith("_")
     )
+    if _restore_after_execute not in shell.events.callbacks["post_execute"]:
+        shell.events.register("post_execute", _restore_after_execute)
     gc.collect()
     gc.freeze()  # the warm baseline is never garbage: keep later collections short
     return {"names": len(ns), "preloaded": sorted(_preloaded)}
+
+
+def _fd_identity(fd):
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _save_fds():
+    """Duplicates of fds 0-2, so a cell that closes or redirects them can be undone."""
+    saved = {}
+    for fd in (0, 1, 2):
+        identity = _fd_identity(fd)
+        if identity is not None:
+            saved[fd] = (os.dup(fd), identity)
+    return saved
+
+
+def _restore_interpreter(problems):
+    """Undo monkeypatches of core modules, sys hooks, sys.modules and fds 0-2."""
+    for name, snapshot in _baseline["module_dicts"].items():
+        module = _baseline["modules"][name]
+        current = module.__dict__
+        for key, value in snapshot.items():
+            if current.get(key, _MISSING) is not value:
+                current[key] = value
+        if name == "builtins":
+            for key in [k for k in current if k not in snapshot]:
+                del current[key]
+    for name, value in _baseline["sys_hooks"].items():
+        if value is not _MISSING and getattr(sys, name, _MISSING) is not value:
+            setattr(sys, name, value)
+    sys.meta_path[:] = _baseline["meta_path"]
+    sys.path_hooks[:] = _baseline["path_hooks"]
+    modules = sys.modules
+    for name, module in _baseline["modules"].items():
+        if modules.get(name, _MISSING) is not module:
+            modules[name] = module
+    for fd, (copy, identity) in _baseline["fds"].items():
+        if _fd_identity(fd) != identity:
+            try:
+                os.dup2(copy, fd)
+            except OSError as exc:
+                problems.append(f"cannot restore file descriptor {fd}: {exc.strerror}")
+
+
+def _restore_after_execute():
+    """Undo core monkeypatches right after each execution, before the kernel replies.
+
+    The kernel's own messaging uses ``json``; a cell that patched it would otherwise make
+    the reply itself unreadable.
+    """
+    if _baseline:
+        _restore_interpreter([])
 
 
 def _restore_names(ns, problems):
@@ -138,6 +209,7 @@ def reset():
     shell = _shell()
     ns = shell.user_ns
     problems += _clear_caches(shell)
+    _restore_interpreter(problems)
     _restore_names(ns, problems)
     _restore_process_state(problems)
     gc.collect()

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import zmq
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
@@ -275,9 +276,12 @@ class Kernel:
                 msg = await get()
             except asyncio.CancelledError:
                 raise
-            except Exception:  # a torn-down socket ends the pump; death is reported separately
+            except zmq.ZMQError:  # a torn-down socket ends the pump; death is reported apart
                 log.debug("kernel %s %s channel closed", self.kernel_id, channel, exc_info=True)
                 return
+            except Exception:  # one unreadable message must not end the stream
+                log.warning("kernel %s sent an unreadable %s message", self.kernel_id, channel)
+                continue
             self._events.put_nowait((channel, msg))
 
     def _child_pids(self) -> list[int]:

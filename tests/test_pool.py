@@ -367,3 +367,29 @@ async def test_comm_messages_reach_in_kernel_code() -> None:
         answers = [o for o in outputs if o.msg_type == "comm_msg"]
         assert answers[0].content["data"] == {"doubled": 42}
         assert bytes(answers[0].buffers[0]) == b"cba"
+
+
+async def test_reset_undoes_interpreter_level_changes(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "import builtins, json, pickle, sys, os, io\n"
+            "builtins.sneaky = 1\n"
+            "json.dumps = lambda *a, **k: 'patched'\n"
+            "pickle.dumps = None\n"
+            "del sys.modules['json']\n"
+            "sys.modules['csv'] = 'not a module'\n"
+            "sys.stdout = io.StringIO()\n"
+            "devnull = os.open(os.devnull, os.O_WRONLY)\n"
+            "os.dup2(devnull, 2)\n"
+        ))  # fmt: skip
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first  # restored, not retired
+        out = await run(lease, (
+            "import builtins, json, pickle, sys, csv, os\n"
+            "os.system('echo from-fd-2 >&2')\n"
+            "print(hasattr(builtins, 'sneaky'), json.dumps([1]), pickle.dumps is None,\n"
+            "      type(csv).__name__)\n"
+        ))  # fmt: skip
+    assert out == "False [1] False module\n"
