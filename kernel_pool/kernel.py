@@ -70,6 +70,34 @@ def native_kernelspec_dir(private_dir: Path) -> Path:
     return spec_dir.parent
 
 
+_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (empty if it is gone).
+
+    Walks ``/proc/<pid>/task/<tid>/children``, whose cost follows the size of the tree, not
+    the number of processes on the machine; psutil's scan is the fallback where that file
+    does not exist.
+    """
+    if not _PROC_CHILDREN:
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        with contextlib.suppress(OSError):  # a process that exits mid-walk has no children
+            for task in os.scandir(f"/proc/{parent}/task"):
+                with contextlib.suppress(OSError), open(f"{task.path}/children") as fh:
+                    children = [int(child) for child in fh.read().split()]
+                    found.extend(children)
+                    pending.extend(children)
+    return found
+
+
 def _literal(result: ExecuteResult, key: str) -> Any:
     """Decode a user_expression whose value is a Python literal (dict, list, str...)."""
     entry = result.user_expressions.get(key) or {}
@@ -285,22 +313,16 @@ class Kernel:
             self._events.put_nowait((channel, msg))
 
     def _child_pids(self) -> list[int]:
-        try:
-            return [p.pid for p in psutil.Process(self.pid).children(recursive=True)]
-        except (psutil.Error, TypeError, ValueError):
-            return []
+        return descendants(self.pid) if self.pid is not None else []
 
     def memory_bytes(self) -> int:
         """Resident memory of the kernel and every process it started."""
-        try:
-            proc = psutil.Process(self.pid)
-            procs = [proc, *proc.children(recursive=True)]
-        except (psutil.Error, TypeError, ValueError):
+        if self.pid is None:
             return 0
         total = 0
-        for p in procs:
+        for pid in (self.pid, *descendants(self.pid)):
             with contextlib.suppress(psutil.Error):
-                total += p.memory_info().rss
+                total += psutil.Process(pid).memory_info().rss
         return int(total)
 
     def stray_children(self) -> list[int]:

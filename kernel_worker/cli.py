@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from .settings import (
     Settings,
     allow_local_hosts_from_env,
     allowed_hosts_from_env,
+    default_run_root,
     max_input_bytes_from_env,
     parse_gpu_slots,
     parse_size,
@@ -152,7 +154,8 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "--run-dir",
         f"{ENV_PREFIX}RUN_DIR",
         Path,
-        "where per-request directories are made (default: the system temp dir)",
+        "where per-request directories are made (default: /dev/shm when it is a tmpfs with "
+        "2 GiB free, else the system temp dir)",
     ),
     ("--log-level", f"{ENV_PREFIX}LOG_LEVEL", str, "debug, info (default), warning or error"),
     ("--log-format", f"{ENV_PREFIX}LOG_FORMAT", str, "'text' (default) or 'json' (JSON lines)"),
@@ -216,7 +219,7 @@ def _settings(
         "max_input_bytes": max_input_bytes_from_env(environ),
         "queue_wait_seconds": values.pop("queue_wait", 2.0),
         "job_ttl_seconds": values.pop("job_ttl", 600.0),
-        "run_root": values.pop("run_dir", None),
+        "run_root": values.pop("run_dir", None) or default_run_root(),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
         "allow_local_hosts": allow_local_hosts_from_env(environ),
         "allowed_hosts": allowed_hosts_from_env(environ),
@@ -229,6 +232,11 @@ def _settings(
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["run"]:  # `strata-kernel-worker run CELL.py …`: the client, not the server
+        from .client_cli import main as run_cell
+
+        raise SystemExit(run_cell(args[1:]))
     import uvicorn
 
     from .app import create_app

@@ -110,6 +110,17 @@ class JobQueue:
                 self._ttl_seconds, self.release, job
             )  # uncollected results expire
 
+    def claim(self, job: Job) -> bool:
+        """Take ``job`` out of the registry (its result is being delivered); False if gone.
+
+        The caller deletes the run directory once the delivery is done.
+        """
+        if self._jobs.pop(job.job_id, None) is None:
+            return False
+        if job._expiry is not None:
+            job._expiry.cancel()
+        return True
+
     def release(self, job: Job) -> None:
         """Forget ``job`` and delete its run directory (after delivery, or at expiry).
 

@@ -156,46 +156,46 @@ def _accepted(state: WorkerState, job: Job) -> JSONResponse:
     return JSONResponse(body, status_code=202)
 
 
-def _deliver(state: WorkerState, job: Job) -> Response:
-    """A finished job's answer: its bundle, or its error; the job is released after."""
+def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
+    """A finished job's answer, given once: its bundle, or its failure.
+
+    The job leaves the registry now (a second poll finds nothing); its run directory is
+    removed after the answer has been sent.
+    """
+    if not state.jobs.claim(job):
+        raise NotFound("Unknown or expired job")
+    cleanup = BackgroundTask(shutil.rmtree, job.run_dir.root, True)
     if job.bundle is not None:
         return FileResponse(
-            job.bundle,
-            media_type="application/x-tar",
-            headers=BUNDLE_HEADERS,
-            background=BackgroundTask(_release, state, job),
+            job.bundle, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
         )
-    state.jobs.release(job)
     assert job.error is not None
-    return error_response(job.error, timeout_status=state.settings.timeout_status)
-
-
-async def _release(state: WorkerState, job: Job) -> None:
-    state.jobs.release(job)
+    timeout_status = state.settings.timeout_status
+    if not polled:
+        response = error_response(job.error, timeout_status=timeout_status)
+        response.background = cleanup
+        return response
+    # the job protocol reports a failure as data: the client turns it into that status
+    status = status_for(job.error, timeout_status=timeout_status)
+    detail = job.error.detail
+    body = {"state": "failed", "status_code": status, "error": detail, "detail": detail}
+    return JSONResponse(body, background=cleanup)
 
 
 @protected.get("/v1/jobs/{job_id}")
 async def poll_job(job_id: str, request: Request) -> Response:
-    """A queued or running job's state; once it ended, its bundle (or failure) once."""
+    """A queued or running job's state; once it ended, its bundle (or failure), once."""
     state = _state(request)
     job = state.jobs.get(job_id)
     if job is None:
         raise NotFound("Unknown or expired job")
-    if not job.done.is_set():
-        body: dict[str, object] = {"state": job.state.value}
-        position = state.jobs.position(job)
-        if position is not None:
-            body["position"] = position
-        return JSONResponse(body)
-    if job.bundle is not None:
-        return _deliver(state, job)
-    assert job.error is not None
-    state.jobs.release(job)
-    status = status_for(job.error, timeout_status=state.settings.timeout_status)
-    detail = job.error.detail
-    return JSONResponse(
-        {"state": "failed", "status_code": status, "error": detail, "detail": detail}
-    )
+    if job.done.is_set():
+        return _deliver(state, job, polled=True)
+    body: dict[str, object] = {"state": job.state.value}
+    position = state.jobs.position(job)
+    if position is not None:
+        body["position"] = position
+    return JSONResponse(body)
 
 
 async def _receive(

@@ -60,7 +60,8 @@ def test_health_reports_capabilities_and_pool(client: httpx.Client) -> None:
     features = body["capabilities"]["features"]
     assert features["notebook_protocol_version"] == "notebook-cell-v1"
     assert features["output_format"] == "notebook-output-bundle@v1"
-    assert features["pull_model"] is False  # not implemented: never advertised
+    assert features["pull_model"] is True
+    assert features["cancel"] is True and features["output_dirs"] is True
     assert body["max_concurrent"] == 2
     assert body["hardware"]["cpus"] >= 1
     assert sum(body["pool"]["kernels"].values()) >= 2
