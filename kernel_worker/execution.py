@@ -7,7 +7,6 @@ binds inputs from it); outputs come back in the same request's ``execute_reply``
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import base64
 import json
@@ -72,6 +71,11 @@ class RunDir:
         return self.root / "display"
 
     @property
+    def report(self) -> Path:
+        """Where the agent writes what it collected (JSON)."""
+        return self.root / "agent-report.json"
+
+    @property
     def dirs(self) -> Path:
         return self.root / "dirs"
 
@@ -112,6 +116,7 @@ def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
         "env": dict(request.env),
         "work_dir": str(run_dir.work),
         "files_dir": str(run_dir.files),
+        "report_path": str(run_dir.report),
         "mutation_defines": list(request.mutation_defines),
     }
 
@@ -171,7 +176,7 @@ def _outcome(
     folders: tuple[str, ...],
 ) -> CellOutcome:
     mime = write_jupyter_displays(reducer.displays, run_dir.display)
-    report, failure = _report(result, reducer)
+    report, failure = _report(result, reducer, run_dir)
     common: dict[str, Any] = {
         "mime_displays": mime,
         "stdout": reducer.stdout,
@@ -200,7 +205,7 @@ def _outcome(
 
 
 def _report(
-    result: ExecuteResult, reducer: OutputReducer
+    result: ExecuteResult, reducer: OutputReducer, run_dir: RunDir
 ) -> tuple[dict[str, Any], tuple[str, str, str] | None]:
     """The agent's collected outputs, or the cell's failure as (type, message, traceback)."""
     if not result.ok:
@@ -214,8 +219,8 @@ def _report(
         log.error("output collection failed: %s: %s", entry.get("ename"), entry.get("evalue"))
         message = f"collecting the cell's outputs failed: {entry.get('ename', 'unknown error')}"
         return {}, ("OutputCollectionError", message, "")
-    text = ast.literal_eval(entry["data"]["text/plain"])
-    return json.loads(text), None
+    with open(run_dir.report, encoding="utf-8") as fh:
+        return json.load(fh), None
 
 
 def write_jupyter_displays(displays: Sequence[JupyterDisplay], folder: Path) -> list[MimeDisplay]:

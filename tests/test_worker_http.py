@@ -595,3 +595,12 @@ def test_output_dir_folders_come_back_in_dirs(client: httpx.Client) -> None:
     assert "plots" not in bundle.variables
     assert bundle.variables["kind"]["preview"].endswith("Path")
     assert not any(name.endswith("link") for name in bundle.members)
+
+
+def test_huge_previews_are_bounded(client: httpx.Client) -> None:
+    bundle = run_ok(client, "blob = b'x' * 5_000_000\nitems = list(range(200_000))\ntext = 'y' * 100_000")
+    assert len(bundle.members["manifest.json"]) < 400_000
+    for name in ("blob", "items", "text"):
+        assert bundle.variables[name]["preview_truncated"] is True
+    assert bundle.file("items").startswith(b"[")  # the value itself is whole in its file
+    assert len(json.loads(bundle.file("items"))) == 200_000

@@ -16,6 +16,8 @@ import sys
 from . import codecs
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
+PREVIEW_LIMIT = 64 * 1024
+_json_dumps = json.JSONEncoder(default=repr).encode  # immune to a cell patching json.dumps
 
 
 class _Run:
@@ -157,9 +159,33 @@ def _is_output(name, value_id, run):
 
 def _serialize(name, value, files_dir, for_display=False):
     try:
-        return codecs.serialize(name, value, files_dir, for_display=for_display)
+        meta = codecs.serialize(name, value, files_dir, for_display=for_display)
     except Exception as exc:  # a codec bug must not lose the other outputs
         return {"error": f"{type(exc).__name__}: {exc}", "type": type(value).__name__}
+    _bound_preview(meta)
+    return meta
+
+
+def _bound_preview(meta):
+    """Keep the manifest small: a preview is for display, the value itself is in its file."""
+    preview = meta.get("preview")
+    if preview is None or isinstance(preview, (bool, int, float)):
+        return
+    text = preview if isinstance(preview, str) else None
+    if text is None:
+        try:
+            size = len(_json_dumps(preview))
+        except (TypeError, ValueError):
+            return
+        if size <= PREVIEW_LIMIT:
+            return
+        text = repr(preview)[:PREVIEW_LIMIT]
+    if len(text) > PREVIEW_LIMIT:
+        meta["preview"] = text[:PREVIEW_LIMIT] + "…"
+        meta["preview_truncated"] = True
+    elif text is not preview:
+        meta["preview"] = text
+        meta["preview_truncated"] = True
 
 
 def _collect_variables(ns, run, files_dir):
@@ -194,7 +220,7 @@ def _display_entry(index, obj, variables, values, files_dir):
 
 
 def collect():
-    """Serialize the cell's outputs and displays; return them as JSON text."""
+    """Serialize the cell's outputs and displays; write the report next to them."""
     shell = _state["shell"]
     run = _current()
     if run is None:
@@ -212,7 +238,9 @@ def collect():
         "mutation_warnings": warnings,
         "build_env": codecs.build_env(),
     }
-    return json.dumps(report, default=repr)
+    with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
+        fh.write(_json_dumps(report))
+    return "ok"
 
 
 def _end_run():
