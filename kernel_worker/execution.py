@@ -1,8 +1,8 @@
 """One cell on a leased kernel: plan → one execute_request → outcome.
 
 The run plan travels as data in the request's metadata (the agent's ``pre_run_cell`` hook
-binds inputs from it); outputs come back in the same request's ``execute_reply`` through a
-``user_expressions`` call of the agent, so a cell costs one round trip to the kernel.
+binds inputs from it); the agent's ``post_run_cell`` hook serializes the outputs into the run
+directory with a JSON report before the kernel replies, so a cell costs one round trip.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
 
 from . import output_dirs
-from .agent import AGENT_PACKAGE
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed
@@ -28,7 +27,6 @@ from .messages import JupyterDisplay, OutputReducer
 
 log = logging.getLogger(__name__)
 
-_COLLECT = f"__import__('sys').modules['{AGENT_PACKAGE}'].runtime.collect()"
 _MIME_EXTENSIONS = {
     "image/png": ".png",
     "image/jpeg": ".jpg",
@@ -142,7 +140,6 @@ async def run_cell(
             deadline=started + request.timeout_seconds,
             store_history=False,
             metadata={"strata": await asyncio.to_thread(build_plan, request, run_dir)},
-            user_expressions={"strata": _COLLECT},
             on_output=sink,
         )
     except ExecutionTimeout:
@@ -214,13 +211,17 @@ def _report(
             return {}, (error.ename, error.evalue, error.traceback)
         reply = result.reply
         return {}, (str(reply.get("ename", "Error")), str(reply.get("evalue", "")), "")
-    entry = result.user_expressions.get("strata") or {}
-    if entry.get("status") != "ok":
-        log.error("output collection failed: %s: %s", entry.get("ename"), entry.get("evalue"))
-        message = f"collecting the cell's outputs failed: {entry.get('ename', 'unknown error')}"
+    try:
+        with open(run_dir.report, encoding="utf-8") as fh:
+            report = json.load(fh)
+    except (OSError, ValueError) as exc:
+        log.error("the agent left no readable report: %s", type(exc).__name__)
+        report = {"error": "the kernel did not report the cell's outputs"}
+    if "error" in report:
+        log.error("output collection failed: %s", report["error"])
+        message = f"collecting the cell's outputs failed: {report['error']}"
         return {}, ("OutputCollectionError", message, "")
-    with open(run_dir.report, encoding="utf-8") as fh:
-        return json.load(fh), None
+    return report, None
 
 
 def write_jupyter_displays(displays: Sequence[JupyterDisplay], folder: Path) -> list[MimeDisplay]:

@@ -146,6 +146,8 @@ def start_worker(
     full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     full_env.update(env or {})
     full_env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel stops capturing fd output under it
+    if "--queue-wait" not in args:  # slow CI machines: wait inline rather than answer 202
+        args = (*args, "--queue-wait", "30")
     worker = WorkerProcess(list(args), full_env, run_dir, log_file)
     try:
         worker.wait_ready()
@@ -158,7 +160,7 @@ def start_worker(
 @pytest.fixture(scope="session")
 def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     """A shared worker with two warm kernels."""
-    w = start_worker(tmp_path_factory, "--pool-size", "2")
+    w = start_worker(tmp_path_factory, "--pool-size", "2", "--queue-wait", "30")
     yield w
     w.stop()
 

@@ -38,7 +38,7 @@ def preload_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def faulty(tmp_path_factory: pytest.TempPathFactory, preload_file: Path) -> Iterator[WorkerProcess]:
     w = start_worker(
         tmp_path_factory, "--pool-size", str(POOL_SIZE), "--max-kernel-memory", "400M",
-        "--preload", str(preload_file), "--console-cap", "1M",
+        "--preload", str(preload_file), "--console-cap", "1M", "--queue-wait", "30",
     )  # fmt: skip
     yield w
     w.stop()

@@ -3,8 +3,8 @@
 Shipped into every kernel as ``strata_kernel_agent.runtime`` (stdlib only at import time).
 The worker sends ONE ``execute_request`` per cell: its ``metadata["strata"]`` holds the run
 plan (data only: paths, names, formats, env), which the ``pre_run_cell`` hook applies; the
-request's ``user_expressions`` call :func:`collect` after the cell, so outputs come back in
-the ``execute_reply``. Nothing of the request is ever turned into kernel source.
+``post_run_cell`` hook writes the outputs and a report into the run directory before the
+kernel replies, so a cell costs one round trip. Nothing of the request becomes kernel source.
 """
 
 import ast
@@ -31,6 +31,7 @@ class _Run:
         self.displays = []
         self.recording = True
         self.error = None
+        self.collected = False
 
 
 _state = {"run": None, "shell": None, "display": None}
@@ -219,12 +220,22 @@ def _display_entry(index, obj, variables, values, files_dir):
     return _serialize(f"__display__{index}", obj, files_dir, for_display=True)
 
 
-def collect():
+def _post_run_cell(result=None):
+    """After a successful cell (and before the kernel replies), collect its outputs."""
+    run = _current()
+    if run is None or run.collected or (result is not None and not result.success):
+        return
+    run.collected = True
+    try:
+        collect(run)
+    except BaseException as exc:  # reported to the worker, never lost in the kernel's log
+        with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
+            fh.write(_json_dumps({"error": f"{type(exc).__name__}: {exc}"}))
+
+
+def collect(run):
     """Serialize the cell's outputs and displays; write the report next to them."""
     shell = _state["shell"]
-    run = _current()
-    if run is None:
-        return json.dumps({"error": "no run in progress"})
     files_dir = run.plan["files_dir"]
     ns = shell.user_ns
     variables, values = _collect_variables(ns, run, files_dir)
@@ -240,7 +251,6 @@ def collect():
     }
     with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
         fh.write(_json_dumps(report))
-    return "ok"
 
 
 def _end_run():
@@ -263,6 +273,7 @@ def install(shell):
     _patch_display()
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_execute", _stop_recording)
+    shell.events.register("post_run_cell", _post_run_cell)
     shell.ast_transformers.append(_FailCell())
     shell.InteractiveTB.set_mode(mode="Plain")  # plain Python tracebacks, and much faster
     shell.colors = "nocolor"
