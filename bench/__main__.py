@@ -1,0 +1,5 @@
+"""``python -m bench``: see ``bench/README.md``."""
+
+from .cli import main
+
+main()

@@ -1,0 +1,133 @@
+"""``python -m bench``: run the pool-level and worker-level benchmarks in one process tree."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from .chart import write_chart
+from .errors import BenchError, Failure
+from .plan import BenchPlan
+from .pool_bench import run_pool_bench
+from .processes import find_reference_bin
+from .report import evaluate_targets, render_table
+from .worker_bench import Reference, WorkerBench
+
+log = logging.getLogger("bench")
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Pool-level and worker-level latency/throughput, side by side with the "
+        "raw kernel, fresh-kernel mode and (optionally) the reference worker.",
+    )
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (a few minutes)")
+    parser.add_argument("--full", action="store_true", help="also the 1 GB input/output cases")
+    ref = parser.add_mutually_exclusive_group()
+    ref.add_argument("--compare-url", metavar="URL", help="a reference worker already running")
+    ref.add_argument("--with-reference", action="store_true",
+                     help="start strata-worker (see --reference-bin) and stop it afterwards")  # fmt: skip
+    parser.add_argument("--reference-bin", metavar="PATH",
+                        help="strata-worker executable (default: PATH, then /tmp/v312/bin)")  # fmt: skip
+    parser.add_argument("--only", choices=("pool", "worker"), help="run one level only")
+    parser.add_argument("--results-dir", type=Path, default=RESULTS, metavar="DIR",
+                        help="where latest.json and latest.png go (default bench/results)")  # fmt: skip
+    return parser
+
+
+def _reference(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Reference:
+    if args.compare_url:
+        return Reference(None, args.compare_url)
+    if not args.with_reference:
+        if args.reference_bin:
+            parser.error("--reference-bin needs --with-reference")
+        return Reference(None, None)
+    binary = find_reference_bin(args.reference_bin)
+    if binary is None:
+        parser.error("--with-reference: no strata-worker found (give --reference-bin PATH)")
+    return Reference(binary, None)
+
+
+async def _run(
+    plan: BenchPlan, reference: Reference, only: str | None, results_dir: Path
+) -> dict[str, Any]:
+    failures: list[Failure] = []
+    results: dict[str, Any] = {}
+    workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="kernel-bench-"))
+    try:
+        if only in (None, "pool"):
+            log.info("pool level")
+            results["pool"] = await run_pool_bench(plan.pool, workdir, failures)
+        if only in (None, "worker"):
+            log.info("worker level")
+            bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures)
+            try:
+                results["worker"] = await bench.run()
+            except BenchError as exc:
+                failures.append(Failure("worker", "setup", "-", "-", None, str(exc)))
+    finally:
+        await asyncio.to_thread(shutil.rmtree, workdir, True)
+    results["failures"] = [f.as_dict() for f in failures]
+    return results
+
+
+def _load() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def _meta(
+    args: argparse.Namespace, plan: BenchPlan, seconds: float, load_before: list[float]
+) -> dict[str, Any]:
+    return {
+        "mode": ("quick" if plan.quick else "standard") + (" + 1 GB" if plan.full else ""),
+        "argv": sys.argv[1:],
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "elapsed_seconds": round(seconds, 1),
+        "reference": bool(args.compare_url or args.with_reference),
+        "load_before": load_before,
+        "load_after": _load(),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    reference = _reference(args, parser)
+    plan = BenchPlan.make(quick=args.quick, full=args.full)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s bench %(message)s",
+                        datefmt="%H:%M:%S", stream=sys.stderr)  # fmt: skip
+    logging.getLogger("kernel_pool").setLevel(logging.WARNING)
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    started = time.monotonic()
+    load_before = _load()
+    results = asyncio.run(_run(plan, reference, args.only, args.results_dir))
+    results = {"meta": _meta(args, plan, time.monotonic() - started, load_before), **results}
+    results["targets"] = evaluate_targets(results)
+    args.results_dir.mkdir(parents=True, exist_ok=True)
+    (args.results_dir / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
+    with contextlib.suppress(ImportError):
+        write_chart(results, args.results_dir / "latest.png")
+    print(render_table(results))
+    print(
+        f"\nresults: {args.results_dir / 'latest.json'}, chart: {args.results_dir / 'latest.png'}"
+    )
+    if results["failures"]:
+        sys.exit(1)

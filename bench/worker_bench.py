@@ -1,0 +1,244 @@
+"""Worker level: our worker over real HTTP, side by side with its baselines in one run.
+
+Targets, measured case by case in this order so drift hits them alike:
+
+* ``raw``: the same cell on bare kernels (jupyter_client only; see :mod:`bench.cases`);
+* ``ours``: ``strata-kernel-worker --recycle reset`` (the product, 2 warm kernels);
+* ``fresh``: ``strata-kernel-worker --recycle fresh`` (a new kernel for every cell);
+* ``reference``: ``strata-worker`` (started here, or already running at ``--compare-url``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from .cases import Case, arrow_stream, prepare_request, raw_source, worker_cases
+from .errors import BenchError, Failure
+from .measure import (
+    CpuProbe,
+    HttpTarget,
+    RunOnce,
+    http_runner,
+    latency,
+    raw_runner,
+    throughput,
+)
+from .plan import BenchPlan, Reps
+from .processes import (
+    ServerProcess,
+    free_port,
+    our_worker_argv,
+    process_cpu,
+    reference_argv,
+    server_env,
+)
+from .rawkernel import RawKernel
+from .stats import ratio
+
+log = logging.getLogger("bench.worker")
+
+ROOT = Path(__file__).resolve().parent.parent
+START_SECONDS = 180.0
+HTTP_TIMEOUT_SECONDS = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reference:
+    binary: Path | None  # start it ourselves
+    url: str | None  # or use one that is already running
+
+
+@dataclass(slots=True)
+class Targets:
+    raw: list[RawKernel]
+    http: list[HttpTarget]
+
+
+def _reps(plan: BenchPlan, case: Case) -> Reps:
+    return {
+        "small": plan.reps_small,
+        "medium": plan.reps_medium,
+        "large": plan.reps_large,
+        "huge": plan.reps_huge,
+    }[case.size]
+
+
+class WorkerBench:
+    """Starts the targets, runs every case and the throughput levels, stops everything."""
+
+    def __init__(
+        self, plan: BenchPlan, reference: Reference, workdir: Path, logs: Path,
+        failures: list[Failure],
+    ) -> None:  # fmt: skip
+        self.plan = plan
+        self.reference = reference
+        self.workdir = workdir
+        self.logs = logs
+        self.failures = failures
+        self.described: dict[str, str] = {}
+
+    async def run(self) -> dict[str, Any]:
+        async with contextlib.AsyncExitStack() as stack:
+            targets = await self._start(stack)
+            cases: dict[str, Any] = {}
+            for case in worker_cases(full=self.plan.full):
+                log.info("worker case %s", case.name)
+                cases[case.name] = await self._case(case, targets)
+            levels = await self._throughput(targets)
+        return {
+            "kernels": self.plan.kernels,
+            "targets": self.described,
+            "cases": cases,
+            "throughput": levels,
+        }
+
+    # -- targets ---------------------------------------------------------------------------
+
+    async def _start(self, stack: contextlib.AsyncExitStack) -> Targets:
+        client = await stack.enter_async_context(
+            httpx.AsyncClient(
+                timeout=HTTP_TIMEOUT_SECONDS,
+                limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
+            )
+        )
+        servers = [self._our_server("ours", "reset"), self._our_server("fresh", "fresh")]
+        if self.reference.binary is not None:
+            port = free_port()
+            argv = reference_argv(self.reference.binary, port)
+            servers.append(ServerProcess("reference", argv, port, self.logs / "reference.log"))
+            self.described["reference"] = " ".join(argv)
+        for server in servers:
+            stack.push_async_callback(server.stop)
+            env = server_env(inline_matplotlib=server.name != "reference")
+            await server.start(env, ROOT)
+        raw = [RawKernel(self.workdir, f"raw-{i}") for i in range(self.plan.kernels)]
+        for kernel in raw:
+            stack.push_async_callback(kernel.stop)
+        await asyncio.gather(*(k.start() for k in raw))
+        await asyncio.gather(*(s.wait_healthy(client, START_SECONDS) for s in servers))
+        http = [HttpTarget(s.name, s.url, client, s) for s in servers]
+        if self.reference.url is not None:
+            http.append(await self._external(client, self.reference.url))
+        self.described["raw"] = f"{len(raw)} ipykernel(s) via jupyter_client, no HTTP"
+        return Targets(raw, http)
+
+    def _our_server(self, name: str, recycle: str) -> ServerProcess:
+        port = free_port()
+        run_dir = self.workdir / f"runs-{name}"
+        run_dir.mkdir()
+        argv = our_worker_argv(port, kernels=self.plan.kernels, recycle=recycle, run_dir=run_dir)
+        self.described[name] = " ".join(argv[1:])
+        return ServerProcess(name, argv, port, self.logs / f"{name}.log")
+
+    async def _external(self, client: httpx.AsyncClient, url: str) -> HttpTarget:
+        url = url.rstrip("/")
+        try:
+            health = await client.get(url + "/health", timeout=10.0)
+        except httpx.HTTPError as exc:
+            raise BenchError(f"--compare-url {url}: {exc!r}") from None
+        if health.status_code != 200:
+            raise BenchError(f"--compare-url {url}: /health answered {health.status_code}")
+        self.described["reference"] = f"{url} (already running, version "
+        self.described["reference"] += f"{health.json().get('version', '?')})"
+        return HttpTarget("reference", url, client, None)
+
+    # -- cases -------------------------------------------------------------------------------
+
+    async def _runners(self, case: Case, targets: Targets) -> dict[str, tuple[RunOnce, str]]:
+        payload = None
+        input_path = None
+        if case.input_bytes:
+            payload = await asyncio.to_thread(arrow_stream, case.input_bytes)
+            input_path = self.workdir / f"{case.name}.arrow"
+            await asyncio.to_thread(input_path.write_bytes, payload)
+        request = await asyncio.to_thread(prepare_request, case, payload)
+        del payload
+        source = raw_source(case, input_path, self.workdir / f"{case.name}-out.arrow")
+        runners = {"raw": (raw_runner(targets.raw, case, source), f"raw kernel: {source!r}")}
+        for target in targets.http:
+            runners[target.name] = (http_runner(target, case, request), request.description)
+        return runners
+
+    async def _case(self, case: Case, targets: Targets) -> dict[str, Any]:
+        reps = _reps(self.plan, case)
+        runners = await self._runners(case, targets)
+        by_target = {t.name: t for t in targets.http}
+        results: dict[str, Any] = {}
+        for name, (run, request) in runners.items():
+            pooled = name in ("raw", "ours")
+            warmups = 0 if case.heavy and not pooled else 1
+            # ≥ 100 MB: the smaller sizes already warmed every kernel's imports
+            burst = self.plan.kernels if pooled and not case.heavy else 0
+            results[name] = await latency(
+                run, reps=reps.for_target(name), warmups=warmups, burst=burst,
+                budget_seconds=self.plan.case_budget_seconds,
+                where=(name, case.name, request[:2000]), failures=self.failures,
+            )  # fmt: skip
+            if name in by_target:
+                await by_target[name].settle()
+        return {"label": case.label, "targets": results, "ratios": _case_ratios(results)}
+
+    async def _throughput(self, targets: Targets) -> dict[str, Any]:
+        case = worker_cases(full=False)[0]
+        runners = await self._runners(case, targets)
+        by_target = {t.name: t for t in targets.http}
+        tp = self.plan.throughput
+        levels: dict[str, Any] = {}
+        for clients in tp.clients:
+            log.info("worker throughput with %d client(s)", clients)
+            level: dict[str, Any] = {}
+            for name, (run, request) in runners.items():
+                pooled = name in ("raw", "ours")
+                level[name] = await throughput(
+                    run, clients=clients,
+                    max_requests=tp.ours_max if pooled else max(clients, tp.baseline_min),
+                    seconds=tp.ours_seconds if pooled else self.plan.case_budget_seconds,
+                    where=(name, f"throughput_{clients}", request[:2000]),
+                    failures=self.failures, cpu=_cpu_probe(name, targets),
+                )  # fmt: skip
+                if name in by_target:
+                    await by_target[name].settle()
+            levels[str(clients)] = level
+        return levels
+
+
+def _cpu_probe(name: str, targets: Targets) -> CpuProbe:
+    """Who burns the CPU: this process (the HTTP clients), the server, its kernels."""
+    client_pid = os.getpid()
+    server = next((t.server for t in targets.http if t.name == name), None)
+    kernel_pids = [k.pid for k in targets.raw if k.pid is not None] if name == "raw" else []
+
+    def probe() -> dict[str, float]:
+        usage = {"client": process_cpu(client_pid)[0]}
+        if server is not None and server.pid is not None:
+            own, children = process_cpu(server.pid)
+            usage.update(server=own, kernels=children)
+        if kernel_pids:
+            usage["kernels"] = sum(process_cpu(pid)[0] for pid in kernel_pids)
+        return usage
+
+    return probe
+
+
+def _p50(result: dict[str, Any] | None) -> float | None:
+    if not result or not result.get("latency"):
+        return None
+    value: float = result["latency"]["p50"]
+    return value
+
+
+def _case_ratios(results: dict[str, Any]) -> dict[str, float | None]:
+    ours = _p50(results.get("ours"))
+    return {
+        "ours_vs_raw": ratio(ours, _p50(results.get("raw"))),
+        "fresh_vs_ours": ratio(_p50(results.get("fresh")), ours),
+        "reference_vs_ours": ratio(_p50(results.get("reference")), ours),
+    }
