@@ -97,8 +97,8 @@ def _save_fds():
     return saved
 
 
-def _restore_interpreter(problems):
-    """Undo monkeypatches of core modules, sys hooks, sys.modules and fds 0-2."""
+def _restore_core_modules():
+    """Undo monkeypatches of the core modules (the kernel's own messaging uses them)."""
     for name, snapshot in _baseline["module_dicts"].items():
         module = _baseline["modules"][name]
         current = module.__dict__
@@ -108,6 +108,11 @@ def _restore_interpreter(problems):
         if name == "builtins":
             for key in [k for k in current if k not in snapshot]:
                 del current[key]
+
+
+def _restore_interpreter(problems):
+    """Undo monkeypatches of core modules, sys hooks, sys.modules and fds 0-2."""
+    _restore_core_modules()
     for name, value in _baseline["sys_hooks"].items():
         if value is not _MISSING and getattr(sys, name, _MISSING) is not value:
             setattr(sys, name, value)
@@ -132,7 +137,7 @@ def _restore_after_execute():
     the reply itself unreadable.
     """
     if _baseline:
-        _restore_interpreter([])
+        _restore_core_modules()
 
 
 def _restore_names(ns, problems):
@@ -208,10 +213,13 @@ def reset():
             problems.append(f"reset hook failed: {type(exc).__name__}: {exc}")
     shell = _shell()
     ns = shell.user_ns
-    problems += _clear_caches(shell)
     _restore_interpreter(problems)
     _restore_names(ns, problems)
     _restore_process_state(problems)
+    problems += _clear_caches(shell)
     gc.collect()
+    # What survives a reset (imported modules, their caches) is long-lived: freezing it keeps
+    # the next reset's collection proportional to what the next cell allocates.
+    gc.freeze()
     _verify(ns, problems)
     return {"clean": not problems, "problems": problems}

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import logging
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,6 +82,13 @@ class RunDir:
         for path in (self.inputs, self.work, self.files, self.display):
             path.mkdir(exist_ok=True)
 
+    @classmethod
+    def make(cls, parent: Path | None) -> RunDir:
+        """A new, private run directory under ``parent`` (blocking: use a thread)."""
+        run_dir = cls(Path(tempfile.mkdtemp(prefix="skw-run-", dir=parent)))
+        run_dir.create()
+        return run_dir
+
 
 @dataclass(frozen=True, slots=True)
 class ExecutionContext:
@@ -131,6 +139,13 @@ async def run_cell(
 
     ``console`` (optional) sees every stdout/stderr chunk as the kernel produces it.
     """
+    folders = output_dirs.declared(request.source)
+    # creating output folders touches the disk: only then is it worth a thread
+    plan = (
+        await asyncio.to_thread(build_plan, request, run_dir)
+        if folders
+        else (build_plan(request, run_dir))
+    )
     reducer = OutputReducer(context.console_cap)
     sink = reducer.feed if console is None else _teeing(reducer, console)
     started = time.monotonic()
@@ -139,7 +154,7 @@ async def run_cell(
             request.source,
             deadline=started + request.timeout_seconds,
             store_history=False,
-            metadata={"strata": await asyncio.to_thread(build_plan, request, run_dir)},
+            metadata={"strata": plan},
             on_output=sink,
         )
     except ExecutionTimeout:
@@ -149,7 +164,6 @@ async def run_cell(
             f"The kernel running the cell died (exit status {exc.exit_code})"
         ) from None
     duration_ms = int((time.monotonic() - started) * 1000)
-    folders = output_dirs.declared(request.source)
     return await asyncio.to_thread(
         _outcome, result, reducer, run_dir, context, duration_ms, folders
     )

@@ -44,7 +44,7 @@ class Job:
     execution: Execution
     run_dir: RunDir
     state: JobState = JobState.QUEUED
-    bundle: Path | None = None
+    bundle: Path | bytes | None = None
     error: WorkerError | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     started: asyncio.Event = field(default_factory=asyncio.Event)

@@ -30,7 +30,7 @@ import httpx
 from .envelopes import CellRequest, parse_notebook_execute
 from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy
 from .execution import RunDir
-from .service import CANCELLED_DETAIL, admitted, execute_to_bundle
+from .service import CANCELLED_DETAIL, admitted, execute_to_bundle_file
 from .transfers import UploadTarget, console_relay, deliver_bundle, download
 from .url_safety import UrlGuard, UrlPolicy, pinned
 
@@ -101,7 +101,9 @@ async def _build(
             cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
         )  # fmt: skip
     async with console_relay(client, manifest.log_url) as console:
-        bundle = await execute_to_bundle(state, manifest.cell, run_dir, execution, console=console)
+        bundle = await execute_to_bundle_file(
+            state, manifest.cell, run_dir, execution, console=console
+        )
     size = (await asyncio.to_thread(bundle.stat)).st_size
     finalized = await deliver_bundle(
         client, manifest.output, manifest.finalize_url, bundle, timeout_seconds=transfer_seconds

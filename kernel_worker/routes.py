@@ -6,10 +6,8 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -129,10 +127,9 @@ async def notebook_execute(request: Request) -> Response:
 
 async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
     state = _state(request)
-    root = Path(await asyncio.to_thread(tempfile.mkdtemp, "", "skw-run-", state.settings.run_root))
-    run_dir = RunDir(root)
+    run_dir = await asyncio.to_thread(RunDir.make, state.settings.run_root)
+    root = run_dir.root
     try:
-        await asyncio.to_thread(run_dir.create)
         cell = await _receive(request, parse, run_dir, state)
         job = submit(state, cell, run_dir)
     except BaseException:
@@ -165,6 +162,10 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
     if not state.jobs.claim(job):
         raise NotFound("Unknown or expired job")
     cleanup = BackgroundTask(shutil.rmtree, job.run_dir.root, True)
+    if isinstance(job.bundle, bytes):
+        return Response(
+            job.bundle, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
+        )
     if job.bundle is not None:
         return FileResponse(
             job.bundle, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup

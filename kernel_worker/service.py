@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -20,10 +22,11 @@ from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import ConsoleListener, RunDir, run_cell
 from .jobs import Job
-from .settings import Settings
 from .state import Execution, WorkerState
 
 CANCELLED_DETAIL = "execution was cancelled"
+IN_MEMORY_BUNDLE_BYTES = 1024 * 1024
+COMPRESS_UP_TO_BYTES = 8 * 1024 * 1024
 
 
 @contextlib.asynccontextmanager
@@ -46,10 +49,16 @@ def submit(
     """Admit ``cell`` as a job (raises :class:`WorkerBusy` when the queue is full)."""
     execution = state.admit(cell.build_id)
 
-    async def runner(job: Job) -> Path:
+    async def runner(job: Job) -> Path | bytes:
         try:
             return await execute_to_bundle(
-                state, cell, run_dir, execution, console=console, on_start=job.mark_running
+                state,
+                cell,
+                run_dir,
+                execution,
+                console=console,
+                on_start=job.mark_running,
+                in_memory_limit=IN_MEMORY_BUNDLE_BYTES,
             )
         finally:
             state.discharge(execution)
@@ -69,10 +78,15 @@ async def execute_to_bundle(
     *,
     console: ConsoleListener | None = None,
     on_start: Callable[[], None] | None = None,
-) -> Path:
-    """Lease a kernel (waiting as long as needed), run the cell, write the bundle."""
+    in_memory_limit: int = 0,
+) -> Path | bytes:
+    """Lease a kernel (waiting as long as needed), run the cell, write the bundle.
 
-    async def body() -> Path:
+    A bundle whose contents are under ``in_memory_limit`` bytes is returned as bytes (no
+    file to write, stat and stream back); a larger one as the path of its file.
+    """
+
+    async def body() -> Path | bytes:
         try:
             async with state.pool.lease() as lease:
                 if on_start is not None:
@@ -82,8 +96,10 @@ async def execute_to_bundle(
                     observe("success" if outcome.success else "cell_error")
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
-        bundle = run_dir.root / "bundle.tar.gz"
-        size = await asyncio.to_thread(_write, run_dir, outcome, bundle, state.settings)
+        bundle = await asyncio.to_thread(
+            _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit
+        )
+        size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
         state.metrics.bytes_out.inc(size)
         return bundle
 
@@ -124,6 +140,48 @@ def _observed(state: WorkerState) -> Iterator[Callable[[str], None]]:
         state.metrics.executions.labels(outcome).observe(time.monotonic() - started)
 
 
-def _write(run_dir: RunDir, outcome: CellOutcome, bundle: Path, settings: Settings) -> int:
-    with open(bundle, "wb") as fh:
-        return write_bundle(run_dir.root, outcome, fh, compresslevel=settings.bundle_compresslevel)
+async def execute_to_bundle_file(
+    state: WorkerState,
+    cell: CellRequest,
+    run_dir: RunDir,
+    execution: Execution,
+    *,
+    console: ConsoleListener | None = None,
+) -> Path:
+    """:func:`execute_to_bundle`, always as a file (for uploads that stream from disk)."""
+    bundle = await execute_to_bundle(state, cell, run_dir, execution, console=console)
+    assert isinstance(bundle, Path)
+    return bundle
+
+
+def _write(
+    run_dir: RunDir, outcome: CellOutcome, compresslevel: int | None, in_memory_limit: int
+) -> Path | bytes:
+    """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``."""
+    payload = _payload_bytes(run_dir, outcome)
+    level = compresslevel if compresslevel is not None else _auto_level(payload)
+    if payload < in_memory_limit:
+        buffer = io.BytesIO()
+        write_bundle(run_dir.root, outcome, buffer, compresslevel=level)
+        return buffer.getvalue()
+    path = run_dir.root / "bundle.tar.gz"
+    with open(path, "wb") as fh:
+        write_bundle(run_dir.root, outcome, fh, compresslevel=level)
+    return path
+
+
+def _payload_bytes(run_dir: RunDir, outcome: CellOutcome) -> int:
+    total = len(outcome.stdout) + len(outcome.stderr)
+    for folder in (run_dir.files, run_dir.display, run_dir.dirs):
+        for dirpath, _dirs, files in os.walk(folder):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    total += os.lstat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def _auto_level(payload: int) -> int:
+    """The gzip level, chosen by measurement: level 1 for small bundles; large ones are
+    mostly binary (Arrow, pickles) that barely compress, so they are stored (level 0) and
+    stream at disk speed instead of ~60 MB/s."""
+    return 1 if payload <= COMPRESS_UP_TO_BYTES else 0

@@ -87,7 +87,8 @@ class Settings:
     queue_depth: int = 32
     job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
-    bundle_compresslevel: int = 1
+    bundle_compresslevel: int | None = None
+    """gzip level of bundles; None picks by size (see service._auto_level)."""
     run_root: Path | None = None
     kernel_user: str | None = None
     launch_id: str | None = None
@@ -99,7 +100,7 @@ class Settings:
     def __post_init__(self) -> None:
         if self.timeout_status not in (408, 504):
             raise ValueError("timeout status must be 408 or 504")
-        if not 0 <= self.bundle_compresslevel <= 9:
+        if self.bundle_compresslevel is not None and not 0 <= self.bundle_compresslevel <= 9:
             raise ValueError("bundle compression level must be 0..9")
         if self.queue_wait_seconds < 0:
             raise ValueError("queue wait must not be negative")
