@@ -23,6 +23,7 @@ from .execution import ExecutionContext
 from .jobs import JobQueue
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
+from .mount_cache import MountCache
 from .routes import router
 from .settings import Settings
 from .state import WorkerState
@@ -64,6 +65,8 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the worker application; the pool starts with the app's lifespan."""
     settings = settings or Settings()
+    environ = dict(os.environ)  # mount credentials are read from it, then scrubbed below
+    mount_cache = MountCache.from_environ(environ)
     secrets = scrub_secrets(os.environ)
     if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
         settings = _with_token(settings, secrets["STRATA_WORKER_TOKEN"].strip())
@@ -74,7 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     metrics = WorkerMetrics(
         pool, lambda: {"queue_depth": jobs.queued, "active_executions": state.active_executions}
     )
-    state = WorkerState(settings, pool, context, jobs, metrics)
+    state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

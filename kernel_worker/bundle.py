@@ -90,6 +90,10 @@ class CellOutcome:
     duration_ms: int
     # folder -> {relative path: size}, the files under run_dir/dirs/<folder>
     output_dirs: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    # read-only mounts: bytes downloaded by this run (present, possibly {}, on success)
+    mount_bytes: Mapping[str, int] | None = None
+    # read-write mounts: what was synced back ([] when nothing)
+    mount_writes: Sequence[Mapping[str, object]] = ()
 
 
 def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[str, object]:
@@ -128,6 +132,10 @@ def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[
     }
     if outcome.hardware:  # as the reference: absent rather than an empty machine
         manifest["hardware"] = dict(outcome.hardware)
+    if outcome.mount_bytes is not None:
+        manifest["mount_bytes"] = dict(outcome.mount_bytes)
+    if outcome.mount_writes:
+        manifest["mount_writes"] = [dict(entry) for entry in outcome.mount_writes]
     return manifest
 
 

@@ -21,13 +21,12 @@ from __future__ import annotations
 import json
 import keyword
 import math
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from urllib.parse import urlparse
 
 from kernel_worker.errors import BadRequest
+from kernel_worker.mounts import MountSpec, parse_mounts
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",
@@ -70,8 +69,6 @@ STAGED_PART_PREFIX = "__part_"
 INJECTED_FILE_PREFIX = "__inj_"
 RESERVED_FILE_PREFIXES = (STAGED_PART_PREFIX, INJECTED_FILE_PREFIX)
 
-_REMOTE_MOUNT_SCHEMES = frozenset({"s3", "gs", "gcs", "az", "azure"})
-_MOUNT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MAX_FILE_NAME_BYTES = 255
 _MAX_ECHO = 200
 
@@ -105,7 +102,7 @@ class CellRequest:
     timeout_seconds: float
     inputs: tuple[InputSpec, ...]
     env: Mapping[str, str]
-    mounts: tuple[Mapping[str, object], ...]
+    mounts: tuple[MountSpec, ...]
     mutation_defines: tuple[str, ...]
     build_id: str | None
     tables: Mapping[str, object]
@@ -273,39 +270,12 @@ def _build_id(value: object) -> str | None:
 # ---- mounts --------------------------------------------------------------------------
 
 
-def _mounts(value: object) -> tuple[Mapping[str, object], ...]:
+def _mounts(value: object) -> tuple[MountSpec, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
         raise BadRequest("mounts must be a list")
-    return tuple(_mount(index, mount) for index, mount in enumerate(value))
-
-
-def _mount(index: int, mount: object) -> Mapping[str, object]:
-    """One MountSpec: shape first, then the reference's refusal of local mounts."""
-    if not isinstance(mount, dict):
-        raise BadRequest(f"mount {index} must be an object")
-    name = mount.get("name")
-    if not isinstance(name, str) or not _MOUNT_NAME.fullmatch(name):
-        raise BadRequest(f"mount {index} needs a name that is an identifier")
-    uri = mount.get("uri")
-    if not isinstance(uri, str) or not uri:
-        raise BadRequest(f"Mount '{name}' needs a uri")
-    if mount.get("mode", "ro") not in ("ro", "rw"):
-        raise BadRequest(f"Mount '{name}' mode must be 'ro' or 'rw'")
-    try:
-        scheme = urlparse(uri).scheme.lower()
-    except ValueError:
-        raise BadRequest(f"Mount '{name}' has a malformed uri") from None
-    if scheme in ("", "file"):
-        raise BadRequest(f"Remote execution does not support file:// mount '{name}'")
-    if scheme in _REMOTE_MOUNT_SCHEMES:
-        # Not implemented yet: refused up front rather than run without the data.
-        raise BadRequest(
-            f"Mount '{name}' ({scheme}://) cannot be served: "
-            "mounts are not supported by this worker"
-        )
-    raise BadRequest(f"Unsupported mount URI scheme '{_echo(scheme)}' for mount '{name}'")
+    return parse_mounts(value)
 
 
 # ---- inputs --------------------------------------------------------------------------

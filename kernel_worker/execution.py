@@ -98,7 +98,9 @@ class ExecutionContext:
     console_cap: int
 
 
-def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
+def build_plan(
+    request: CellRequest, run_dir: RunDir, mounts: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """The data the in-kernel agent needs to bind inputs and collect outputs."""
     inputs = [
         {
@@ -118,7 +120,10 @@ def build_plan(request: CellRequest, run_dir: RunDir) -> dict[str, Any]:
     ]
     return {
         "inputs": inputs,
-        "paths": output_dirs.prepare(run_dir.dirs, output_dirs.declared(request.source)),
+        "paths": {
+            **(mounts or {}),
+            **output_dirs.prepare(run_dir.dirs, output_dirs.declared(request.source)),
+        },
         "env": dict(request.env),
         "work_dir": str(run_dir.work),
         "files_dir": str(run_dir.files),
@@ -134,17 +139,19 @@ async def run_cell(
     context: ExecutionContext,
     *,
     console: ConsoleListener | None = None,
+    mounts: Mapping[str, str] | None = None,
 ) -> CellOutcome:
     """Run the cell; raise :class:`CellTimedOut` or :class:`KernelCrashed` when it cannot end.
 
-    ``console`` (optional) sees every stdout/stderr chunk as the kernel produces it.
+    ``console`` (optional) sees every stdout/stderr chunk as the kernel produces it;
+    ``mounts`` maps mount names to the local folders the cell gets as ``Path`` objects.
     """
     folders = output_dirs.declared(request.source)
     # creating output folders touches the disk: only then is it worth a thread
     plan = (
-        await asyncio.to_thread(build_plan, request, run_dir)
+        await asyncio.to_thread(build_plan, request, run_dir, mounts)
         if folders
-        else (build_plan(request, run_dir))
+        else build_plan(request, run_dir, mounts)
     )
     reducer = OutputReducer(context.console_cap)
     sink = reducer.feed if console is None else _teeing(reducer, console)

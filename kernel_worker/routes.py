@@ -18,9 +18,10 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from . import __version__
 from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
-from .errors import NotFound, error_response, status_for
+from .errors import BadRequest, NotFound, error_response, status_for
 from .execution import RunDir
 from .jobs import Job
+from .mounts import cached_bytes
 from .pull import run_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
@@ -104,7 +105,7 @@ def _features() -> dict[str, object]:
         "locked_environments": False,
         "languages": ["python"],
         "locked_r_environments": False,
-        "mount_cache_probe": False,
+        "mount_cache_probe": True,
     }
 
 
@@ -240,6 +241,18 @@ async def _cancel_on_disconnect(request: Request, execution: Execution) -> Async
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
+
+
+@protected.post("/v1/mount-cache/cached")
+async def mount_cache_probe(request: Request) -> JSONResponse:
+    """How much of each given mount listing this machine's read-only cache already holds."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise BadRequest("Mount cache probe body must be JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("Mount cache probe body must be an object")
+    return JSONResponse({"cached_bytes": await cached_bytes(body, _state(request).mount_cache)})
 
 
 @protected.get("/metrics")

@@ -13,6 +13,7 @@ import io
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from kernel_pool import PoolClosed
@@ -22,6 +23,7 @@ from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import ConsoleListener, RunDir, run_cell
 from .jobs import Job
+from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
 
 CANCELLED_DETAIL = "execution was cancelled"
@@ -87,15 +89,22 @@ async def execute_to_bundle(
     """
 
     async def body() -> Path | bytes:
+        # remote data is fetched before a kernel is held, and synced back after it is free
+        mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
         try:
             async with state.pool.lease() as lease:
                 if on_start is not None:
                     on_start()
                 with _observed(state) as observe:
-                    outcome = await run_cell(lease, cell, run_dir, state.context, console=console)
+                    outcome = await run_cell(
+                        lease, cell, run_dir, state.context, console=console, mounts=mounted.paths
+                    )
                     observe("success" if outcome.success else "cell_error")
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
+        if outcome.success:
+            writes = await sync_back(cell.mounts, mounted) if cell.mounts else []
+            outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
         bundle = await asyncio.to_thread(
             _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit
         )

@@ -17,6 +17,7 @@ from .settings import Settings
 if TYPE_CHECKING:
     from .jobs import JobQueue
     from .metrics import WorkerMetrics
+    from .mount_cache import MountCache
 
 
 @dataclass(eq=False, slots=True)
@@ -36,6 +37,7 @@ class WorkerState:
     context: ExecutionContext
     jobs: JobQueue
     metrics: WorkerMetrics
+    mount_cache: MountCache
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
     # the one client for pull-model transfers; opened and closed by the app's lifespan

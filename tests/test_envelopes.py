@@ -516,18 +516,22 @@ def test_local_mount_refused_with_reference_detail(uri: str) -> None:
     )
 
 
-@pytest.mark.parametrize("scheme", ["s3", "gs", "gcs", "az", "azure"])
-def test_remote_mounts_not_supported_yet(scheme: str) -> None:
-    mounts = [{"name": "data", "uri": f"{scheme}://bucket/prefix", "mode": "ro"}]
-    assert v1_detail(v1(params={"mounts": mounts})) == (
-        f"Mount 'data' ({scheme}://) cannot be served: mounts are not supported by this worker"
-    )
+def test_s3_mounts_are_parsed() -> None:
+    mounts = [{"name": "data", "uri": "s3://bucket/prefix", "mode": "rw"}]
+    (spec,) = parse_v1(v1(params={"mounts": mounts})).mounts
+    assert (spec.name, spec.uri, spec.mode) == ("data", "s3://bucket/prefix", "rw")
+
+
+@pytest.mark.parametrize(("scheme", "package"), [("gs", "gcsfs"), ("az", "adlfs")])
+def test_mounts_whose_backend_is_missing_name_the_package(scheme: str, package: str) -> None:
+    mounts = [{"name": "data", "uri": f"{scheme}://bucket/prefix"}]
+    assert package in v1_detail(v1(params={"mounts": mounts}))
 
 
 def test_other_mount_scheme_named() -> None:
     mounts = [{"name": "data", "uri": "http://example.com/x"}]
     assert v1_detail(v1(params={"mounts": mounts})) == (
-        "Unsupported mount URI scheme 'http' for mount 'data'"
+        "Unsupported mount URI scheme 'http' for mount 'data' (supported: s3, gs, gcs, az, azure)"
     )
 
 
