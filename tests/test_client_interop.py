@@ -18,13 +18,16 @@ import json
 import os
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from .conftest import WorkerProcess
+from .conftest import WorkerProcess, start_worker
+from .wire import execute
 
 INTEROP_PYTHON = os.environ.get("STRATA_INTEROP_PYTHON")
 SCRIPT = Path(__file__).parent / "interop" / "client_dispatch_check.py"
@@ -227,3 +230,29 @@ def test_strata_cli_runs_a_notebook_on_the_worker(worker: WorkerProcess, tmp_pat
     assert again.returncode == 0 and report["success"] is True, again.stdout + again.stderr
     assert [c["cache_hit"] for c in report["cells"]] == [True, True, True]
     assert _leases_served(worker) - before == 2
+
+
+@pytest.mark.timeout(300)
+def test_real_client_follows_a_202_job_to_its_bundle(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A busy worker answers 202; the real client polls the job URL and gets the bundle."""
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0", "--log-level", "info",
+        capture_logs=True,
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            blocker = threading.Thread(target=lambda: execute(c, "import time\ntime.sleep(8)"))
+            blocker.start()
+            deadline = time.monotonic() + 10
+            while c.get("/health").json()["pool"]["kernels"]["busy"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            code, summary, stderr = run_check(w.url + "/v1/execute", "simple")
+            blocker.join(30)
+        assert code == 0, stderr
+        assert summary["cases"]["simple"]["problems"] == [], summary
+        assert "GET /v1/jobs/" in w.logs()  # the client really went through the job URL
+    finally:
+        w.stop()
