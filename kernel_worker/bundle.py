@@ -94,6 +94,8 @@ class CellOutcome:
     mount_bytes: Mapping[str, int] | None = None
     # read-write mounts: what was synced back ([] when nothing)
     mount_writes: Sequence[Mapping[str, object]] = ()
+    # pull runs: output-folder files the orchestrator already stored (omitted from dirs/)
+    output_dirs_streamed: Mapping[str, Sequence[str]] | None = None
 
 
 def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[str, object]:
@@ -134,6 +136,10 @@ def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[
         manifest["hardware"] = dict(outcome.hardware)
     if outcome.mount_bytes is not None:
         manifest["mount_bytes"] = dict(outcome.mount_bytes)
+    if outcome.output_dirs_streamed is not None:
+        manifest["output_dirs_streamed"] = {
+            folder: list(paths) for folder, paths in outcome.output_dirs_streamed.items()
+        }
     if outcome.mount_writes:
         manifest["mount_writes"] = [dict(entry) for entry in outcome.mount_writes]
     return manifest

@@ -169,6 +169,15 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
 ]
 
 
+def _poll_seconds(environ: Mapping[str, str]) -> float:
+    """``STRATA_WORKER_OUTPUT_DIR_POLL_SECONDS``; unparsable or non-positive → 5."""
+    try:
+        value = float(environ.get("STRATA_WORKER_OUTPUT_DIR_POLL_SECONDS", ""))
+    except ValueError:
+        return 5.0
+    return value if value > 0 else 5.0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="strata-kernel-worker",
@@ -221,6 +230,7 @@ def _settings(
         "job_ttl_seconds": values.pop("job_ttl", 600.0),
         "run_root": values.pop("run_dir", None) or default_run_root(),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
+        "output_dir_poll_seconds": _poll_seconds(environ),
         "allow_local_hosts": allow_local_hosts_from_env(environ),
         "allowed_hosts": allowed_hosts_from_env(environ),
         **values,

@@ -21,15 +21,18 @@ import json
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
 
+from . import output_dirs
+from .bundle import CellOutcome
 from .envelopes import CellRequest, parse_notebook_execute
 from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy
 from .execution import RunDir
+from .output_stream import OutputDirStreamer, streaming, without_streamed
 from .service import CANCELLED_DETAIL, admitted, execute_to_bundle_file
 from .transfers import UploadTarget, console_relay, deliver_bundle, download
 from .url_safety import UrlGuard, UrlPolicy, pinned
@@ -64,7 +67,7 @@ class BuildManifest:
     output: UploadTarget
     finalize_url: str
     log_url: str | None
-    output_file_url: str | None  # checked; ``# @output_dir`` streaming is not implemented
+    output_file_url: str | None  # checked; ``# @output_dir`` files are streamed there
     pins: Mapping[str, tuple[str, ...]]
 
 
@@ -100,9 +103,20 @@ async def _build(
             client, item.url, run_dir.inputs / item.file, uri=item.uri,
             cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
         )  # fmt: skip
-    async with console_relay(client, manifest.log_url) as console:
+    streamer = _streamer(client, manifest, run_dir, transfer_seconds)
+
+    async def after_cell(outcome: CellOutcome) -> CellOutcome:
+        if streamer is None:
+            return outcome
+        await streamer.send(settled_only=False)  # the final pass
+        streamed = await asyncio.to_thread(streamer.streamed)
+        listing = without_streamed(outcome.output_dirs, streamed)
+        return replace(outcome, output_dirs=listing, output_dirs_streamed=streamed)
+
+    poll = state.settings.output_dir_poll_seconds
+    async with console_relay(client, manifest.log_url) as console, streaming(streamer, poll):
         bundle = await execute_to_bundle_file(
-            state, manifest.cell, run_dir, execution, console=console
+            state, manifest.cell, run_dir, execution, console=console, after_cell=after_cell
         )
     size = (await asyncio.to_thread(bundle.stat)).st_size
     finalized = await deliver_bundle(
@@ -115,6 +129,18 @@ async def _build(
         "protocol_version": MANIFEST_PROTOCOL,
         "finalize": finalized,
     }
+
+
+def _streamer(
+    client: httpx.AsyncClient, manifest: BuildManifest, run_dir: RunDir, timeout_seconds: float
+) -> OutputDirStreamer | None:
+    """A streamer when the orchestrator takes output files and the cell declares folders."""
+    names = output_dirs.declared(manifest.cell.source)
+    if manifest.output_file_url is None or not names:
+        return None
+    return OutputDirStreamer(
+        client, manifest.output_file_url, run_dir.dirs, names, timeout_seconds=timeout_seconds
+    )
 
 
 async def read_body(chunks: AsyncIterator[bytes]) -> bytes:

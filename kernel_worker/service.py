@@ -12,7 +12,7 @@ import contextlib
 import io
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +27,8 @@ from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
 
 CANCELLED_DETAIL = "execution was cancelled"
+AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
+"""Adjusts a finished cell's outcome before it is bundled (e.g. files sent elsewhere)."""
 IN_MEMORY_BUNDLE_BYTES = 1024 * 1024
 COMPRESS_UP_TO_BYTES = 8 * 1024 * 1024
 
@@ -81,6 +83,7 @@ async def execute_to_bundle(
     console: ConsoleListener | None = None,
     on_start: Callable[[], None] | None = None,
     in_memory_limit: int = 0,
+    after_cell: AfterCell | None = None,
 ) -> Path | bytes:
     """Lease a kernel (waiting as long as needed), run the cell, write the bundle.
 
@@ -105,6 +108,8 @@ async def execute_to_bundle(
         if outcome.success:
             writes = await sync_back(cell.mounts, mounted) if cell.mounts else []
             outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
+        if after_cell is not None:
+            outcome = await after_cell(outcome)
         bundle = await asyncio.to_thread(
             _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit
         )
@@ -156,9 +161,12 @@ async def execute_to_bundle_file(
     execution: Execution,
     *,
     console: ConsoleListener | None = None,
+    after_cell: AfterCell | None = None,
 ) -> Path:
     """:func:`execute_to_bundle`, always as a file (for uploads that stream from disk)."""
-    bundle = await execute_to_bundle(state, cell, run_dir, execution, console=console)
+    bundle = await execute_to_bundle(
+        state, cell, run_dir, execution, console=console, after_cell=after_cell
+    )
     assert isinstance(bundle, Path)
     return bundle
 

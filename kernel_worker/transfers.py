@@ -157,14 +157,14 @@ async def _upload(
     if target.fields is not None:
         boundary = secrets.token_hex(16)
         head, tail = _multipart_frame(target.fields, boundary)
-        body = _framed(head, _file_chunks(bundle), tail)
+        body = _framed(head, file_chunks(bundle), tail)
         headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
         headers["Content-Length"] = str(len(head) + size + len(tail))
     else:
         if target.method == "PUT":
             method = "PUT"
             headers.update(target.headers)
-        body = _file_chunks(bundle)
+        body = file_chunks(bundle)
         headers["Content-Type"] = "application/x-tar"
         headers["Content-Length"] = str(size)
     async with client.stream(
@@ -223,7 +223,7 @@ async def _framed(head: bytes, chunks: AsyncIterator[bytes], tail: bytes) -> Asy
     yield tail
 
 
-async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+async def file_chunks(path: Path) -> AsyncIterator[bytes]:
     """*path* in chunks, each read in a thread."""
     source = await asyncio.to_thread(open, path, "rb")
     try:

@@ -93,6 +93,9 @@ class FakeStore:
         self.uploads: dict[str, Upload] = {}
         self.finalized: dict[str, Finalize] = {}
         self.logs: dict[str, list[tuple[str, int, str]]] = {}
+        # output-folder files: key -> {(folder, path): body}; names in refuse_paths get 403
+        self.output_files: dict[str, dict[tuple[str, str], bytes]] = {}
+        self.refuse_paths: set[str] = set()
         self.slow_log_seconds = slow_log_seconds
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -135,6 +138,7 @@ class FakeStore:
                 Route("/finalize/{key}", self._finalize, methods=["POST"]),
                 Route("/finalize-fail/{key}", self._finalize_fail, methods=["POST"]),
                 Route("/log/{key}", self._log, methods=["POST"]),
+                Route("/output-file/{key}", self._output_file, methods=["POST"]),
                 Route("/slow-log/{key}", self._slow_log, methods=["POST"]),
             ]
         )
@@ -225,6 +229,16 @@ class FakeStore:
         with self._lock:
             self.logs.setdefault(key, []).append((stream, seq, text))
         return JSONResponse({"delivered": True}, status_code=202)
+
+    async def _output_file(self, request: Request) -> Response:
+        key = request.path_params["key"]
+        folder, path = request.query_params["folder"], request.query_params["path"]
+        body = await request.body()
+        if path in self.refuse_paths:
+            return JSONResponse({"detail": "not accepted"}, status_code=403)
+        with self._lock:
+            self.output_files.setdefault(key, {})[(folder, path)] = body
+        return JSONResponse({"stored": True}, status_code=201)
 
     async def _slow_log(self, request: Request) -> Response:
         await asyncio.sleep(self.slow_log_seconds)

@@ -475,3 +475,25 @@ def test_token_gate_on_both_routes(
     assert detail(missing) == "Missing or malformed Authorization header (expected Bearer token)"
     assert detail(wrong) == "Invalid worker token"
     assert key not in store.uploads
+
+
+def test_output_dir_files_stream_to_output_file_url(
+    client: httpx.Client, store: FakeStore, key: str
+) -> None:
+    store.refuse_paths.add("refused.txt")
+    source = (
+        "# @output_dir plots\n"
+        "(plots / 'a.txt').write_text('alpha')\n"
+        "(plots / 'refused.txt').write_text('kept in the bundle')\n"
+        "(plots / 'sub').mkdir()\n(plots / 'sub' / 'b.bin').write_bytes(b'12345')\n"
+    )
+    body = manifest(store, key, source, output_file_url=f"{store.url}/output-file/{key}?sig=2")
+    response = client.post("/v1/execute-manifest", json=body)
+    assert response.status_code == 200, response.text
+    assert store.output_files[key] == {("plots", "a.txt"): b"alpha", ("plots", "sub/b.bin"): b"12345"}
+    bundle = store.bundle(key)
+    manifest_json = bundle.manifest
+    assert manifest_json["output_dirs_streamed"] == {"plots": ["a.txt", "sub/b.bin"]}
+    assert manifest_json["output_dirs"] == {"plots": {"refused.txt": 18}}
+    assert bundle.members["dirs/plots/refused.txt"] == b"kept in the bundle"
+    assert "dirs/plots/a.txt" not in bundle.members
