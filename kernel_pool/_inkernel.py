@@ -44,9 +44,24 @@ def mark_before_preload():
     return len(_before_preload)
 
 
+def _start_lazy_infrastructure_threads():
+    """Start threads the kernel itself would start later, so the baseline includes them.
+
+    pyzmq starts a garbage-collector thread the first time it sends a large (zero-copy)
+    frame; without this, the first big output would look like a thread a cell left behind.
+    """
+    try:
+        from zmq.utils.garbage import gc as zmq_gc
+
+        zmq_gc.start()
+    except Exception:
+        pass
+
+
 def capture():
     """Record the warm baseline that every reset returns to; returns a small summary."""
     global _preloaded
+    _start_lazy_infrastructure_threads()
     shell = _shell()
     ns = shell.user_ns
     hm = shell.history_manager

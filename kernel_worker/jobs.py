@@ -17,16 +17,19 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
 from .state import Execution
 
 log = logging.getLogger(__name__)
+
+
+JobResult = Path | bytes | dict[str, object]
+"""A bundle (a file, or bytes when small) or, for pull runs, the JSON answer."""
 
 
 class JobState(enum.Enum):
@@ -44,7 +47,7 @@ class Job:
     execution: Execution
     run_dir: RunDir
     state: JobState = JobState.QUEUED
-    bundle: Path | bytes | None = None
+    result: JobResult | None = None
     error: WorkerError | None = None
     submitted_at: float = field(default_factory=time.monotonic)
     started: asyncio.Event = field(default_factory=asyncio.Event)
@@ -57,7 +60,7 @@ class Job:
         self.started.set()
 
 
-Runner = Callable[[Job], Any]  # a coroutine function: runs the job, returns the bundle path
+Runner = Callable[[Job], Awaitable[JobResult]]
 
 
 class JobQueue:
@@ -94,7 +97,7 @@ class JobQueue:
 
     async def _run(self, job: Job, runner: Runner) -> None:
         try:
-            job.bundle = await runner(job)
+            job.result = await runner(job)
             job.state = JobState.FINISHED
         except WorkerError as exc:
             job.error, job.state = exc, JobState.FAILED

@@ -19,10 +19,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import httpx
@@ -32,15 +30,16 @@ from .bundle import CellOutcome
 from .envelopes import CellRequest, parse_notebook_execute
 from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy
 from .execution import RunDir
+from .jobs import Job, JobResult
 from .output_stream import OutputDirStreamer, streaming, without_streamed
-from .service import CANCELLED_DETAIL, admitted, execute_to_bundle_file
+from .service import CANCELLED_DETAIL, execute_to_bundle_file, submit_work
 from .transfers import UploadTarget, console_relay, deliver_bundle, download
 from .url_safety import UrlGuard, UrlPolicy, pinned
 
 if TYPE_CHECKING:
     from .state import Execution, WorkerState
 
-__all__ = ["MANIFEST_PROTOCOL", "BuildManifest", "parse_manifest", "read_body", "run_manifest"]
+__all__ = ["MANIFEST_PROTOCOL", "BuildManifest", "parse_manifest", "read_body", "submit_manifest"]
 
 MANIFEST_PROTOCOL = "notebook-build-manifest@v1"
 EXECUTOR_REF = "notebook_cell@v1"
@@ -71,20 +70,24 @@ class BuildManifest:
     pins: Mapping[str, tuple[str, ...]]
 
 
-async def run_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> dict[str, object]:
-    """Run one manifest from request body to the finalized build; the 200 answer's body."""
+async def submit_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> Job:
+    """Validate a manifest and admit its run as a job whose result is the 200 answer."""
     policy = UrlPolicy(state.settings.allow_local_hosts, state.settings.allowed_hosts)
     manifest = await parse_manifest(await read_body(body), UrlGuard(policy))
     client = state.http_client
     if client is None:
         raise WorkerBusy("Worker is not serving yet")
-    async with admitted(state, manifest.cell.build_id) as execution:
-        root = await asyncio.to_thread(tempfile.mkdtemp, "", "skw-run-", state.settings.run_root)
-        try:
-            with pinned(manifest.pins):
-                return await _build(state, client, manifest, RunDir(Path(root)), execution)
-        finally:
-            await asyncio.shield(asyncio.to_thread(shutil.rmtree, root, True))
+    run_dir = await asyncio.to_thread(RunDir.make, state.settings.run_root)
+
+    async def work(execution: Execution, job: Job) -> JobResult:
+        with pinned(manifest.pins):
+            return await _build(state, client, manifest, run_dir, execution, job.mark_running)
+
+    try:
+        return submit_work(state, manifest.cell.build_id, run_dir, work)
+    except BaseException:
+        await asyncio.to_thread(shutil.rmtree, run_dir.root, True)
+        raise
 
 
 async def _build(
@@ -93,8 +96,8 @@ async def _build(
     manifest: BuildManifest,
     run_dir: RunDir,
     execution: Execution,
+    on_start: Callable[[], None],
 ) -> dict[str, object]:
-    await asyncio.to_thread(run_dir.create)
     transfer_seconds = max(manifest.cell.timeout_seconds, MIN_TRANSFER_SECONDS)
     for item in manifest.downloads:
         if execution.cancel.is_set():
@@ -116,7 +119,13 @@ async def _build(
     poll = state.settings.output_dir_poll_seconds
     async with console_relay(client, manifest.log_url) as console, streaming(streamer, poll):
         bundle = await execute_to_bundle_file(
-            state, manifest.cell, run_dir, execution, console=console, after_cell=after_cell
+            state,
+            manifest.cell,
+            run_dir,
+            execution,
+            console=console,
+            after_cell=after_cell,
+            on_start=on_start,
         )
     size = (await asyncio.to_thread(bundle.stat)).st_size
     finalized = await deliver_bundle(

@@ -8,6 +8,7 @@ import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -22,7 +23,7 @@ from .errors import BadRequest, NotFound, error_response, status_for
 from .execution import RunDir
 from .jobs import Job
 from .mounts import cached_bytes
-from .pull import run_manifest
+from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
 
@@ -136,6 +137,11 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, root, True)
         raise
+    return await answer(request, state, job)
+
+
+async def answer(request: Request, state: WorkerState, job: Job) -> Response:
+    """Wait briefly for a kernel: then answer inline, or 202 with the job's URL."""
     async with _cancel_on_disconnect(request, job.execution):
         try:
             await asyncio.wait_for(job.started.wait(), state.settings.queue_wait_seconds)
@@ -163,14 +169,20 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
     if not state.jobs.claim(job):
         raise NotFound("Unknown or expired job")
     cleanup = BackgroundTask(shutil.rmtree, job.run_dir.root, True)
-    if isinstance(job.bundle, bytes):
+    result = job.result
+    if isinstance(result, bytes):
         return Response(
-            job.bundle, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
+            result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
         )
-    if job.bundle is not None:
+    if isinstance(result, Path):
         return FileResponse(
-            job.bundle, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
+            result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
         )
+    if isinstance(result, dict):  # a pull run's answer
+        if polled:
+            body = {"state": "finished", "status_code": 200, "result": result}
+            return JSONResponse(body, background=cleanup)
+        return JSONResponse(result, background=cleanup)
     assert job.error is not None
     timeout_status = state.settings.timeout_status
     if not polled:
@@ -271,13 +283,14 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
 
 
 @protected.post("/v1/execute-manifest")
-async def execute_manifest(request: Request) -> JSONResponse:
+async def execute_manifest(request: Request) -> Response:
     """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
-    return JSONResponse(await run_manifest(_state(request), request.stream()))
+    state = _state(request)
+    return await answer(request, state, await submit_manifest(state, request.stream()))
 
 
 @protected.post("/execute")
-async def execute_pool_alias(request: Request) -> JSONResponse:
+async def execute_pool_alias(request: Request) -> Response:
     """strata-pool's path to the pull model (it posts the manifest with no content type)."""
     return await execute_manifest(request)
 

@@ -22,7 +22,7 @@ from .bundle import CellOutcome, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import ConsoleListener, RunDir, run_cell
-from .jobs import Job
+from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
 
@@ -43,27 +43,37 @@ async def admitted(state: WorkerState, build_id: str | None) -> AsyncIterator[Ex
         state.discharge(execution)
 
 
-def submit(
-    state: WorkerState,
-    cell: CellRequest,
-    run_dir: RunDir,
-    *,
-    console: ConsoleListener | None = None,
-) -> Job:
-    """Admit ``cell`` as a job (raises :class:`WorkerBusy` when the queue is full)."""
-    execution = state.admit(cell.build_id)
+def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
+    """Admit a push-model ``cell`` as a job whose result is its bundle."""
 
-    async def runner(job: Job) -> Path | bytes:
+    async def work(execution: Execution, job: Job) -> JobResult:
+        return await execute_to_bundle(
+            state,
+            cell,
+            run_dir,
+            execution,
+            on_start=job.mark_running,
+            in_memory_limit=IN_MEMORY_BUNDLE_BYTES,
+        )
+
+    return submit_work(state, cell.build_id, run_dir, work)
+
+
+def submit_work(
+    state: WorkerState,
+    build_id: str | None,
+    run_dir: RunDir,
+    work: Callable[[Execution, Job], Awaitable[JobResult]],
+) -> Job:
+    """Admit ``work`` as a job (raises :class:`WorkerBusy` when the queue is full).
+
+    The execution counts as active, and can be cancelled by ``build_id``, until it ends.
+    """
+    execution = state.admit(build_id)
+
+    async def runner(job: Job) -> JobResult:
         try:
-            return await execute_to_bundle(
-                state,
-                cell,
-                run_dir,
-                execution,
-                console=console,
-                on_start=job.mark_running,
-                in_memory_limit=IN_MEMORY_BUNDLE_BYTES,
-            )
+            return await work(execution, job)
         finally:
             state.discharge(execution)
 
@@ -162,11 +172,13 @@ async def execute_to_bundle_file(
     *,
     console: ConsoleListener | None = None,
     after_cell: AfterCell | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Path:
     """:func:`execute_to_bundle`, always as a file (for uploads that stream from disk)."""
     bundle = await execute_to_bundle(
-        state, cell, run_dir, execution, console=console, after_cell=after_cell
-    )
+        state, cell, run_dir, execution, console=console, after_cell=after_cell,
+        on_start=on_start,
+    )  # fmt: skip
     assert isinstance(bundle, Path)
     return bundle
 

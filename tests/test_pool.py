@@ -393,3 +393,13 @@ async def test_reset_undoes_interpreter_level_changes(pool: Pool) -> None:
             "      type(csv).__name__)\n"
         ))  # fmt: skip
     assert out == "False [1] False module\n"
+
+
+async def test_large_outputs_do_not_make_a_kernel_unclean(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "print('x' * 300_000)")
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 0
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
