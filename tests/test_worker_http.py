@@ -433,10 +433,15 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
         source = (
             "import os\ntoken = os.environ.get('STRATA_WORKER_TOKEN')\n"
             "everywhere = any('s3cret-token' in v for v in os.environ.values())\n"
-            "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')"
+            "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+            "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
+            "in_parent = b's3cret-token' in parent\n"
+            "parent_seen = len(parent) > 0"
         )
         v = run_ok(c, source).variables
         assert v["token"]["preview"] is None and v["everywhere"]["preview"] is False
+        # the worker's own initial environment block no longer holds it either
+        assert v["parent_seen"]["preview"] is True and v["in_parent"]["preview"] is False
         assert v["gpu"]["preview"] in {"0", "1"}
         health = c.get("/health").json()
         assert health["gpu_slots"] == 2 and health["free_gpu_slots"] == 2
