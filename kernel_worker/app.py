@@ -10,6 +10,7 @@ from typing import Any
 
 import psutil
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from prometheus_client import start_http_server
 from starlette.responses import Response
 
@@ -24,7 +25,7 @@ from .jobs import JobQueue
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
-from .routes import router
+from .routes import OPENAPI_COMPONENTS, router
 from .settings import Settings
 from .state import WorkerState
 from .url_safety import UrlPolicy, guarded_client
@@ -96,12 +97,29 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await jobs.aclose()
             await pool.aclose()
 
-    app = FastAPI(title="strata-kernel-worker", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="strata-kernel-worker",
+        version=__version__,
+        description="The Strata notebook executor protocol v1, served from warm Jupyter kernels.",
+        lifespan=lifespan,
+    )
     app.state.worker = state
     app.include_router(router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema plus the shapes the raw-body routes document by reference."""
+    if app.openapi_schema is None:
+        schema = get_openapi(
+            title=app.title, version=app.version, description=app.description, routes=app.routes
+        )
+        schema.setdefault("components", {}).setdefault("schemas", {}).update(OPENAPI_COMPONENTS)
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> Any:

@@ -56,6 +56,101 @@ async def require_token(request: Request) -> None:
 router = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_token)])
 
+OPENAPI_COMPONENTS: dict[str, Any] = {
+    "Error": {
+        "type": "object",
+        "required": ["detail"],
+        "properties": {
+            "detail": {"type": "string"},
+            "success": {"type": "boolean"},
+            "error": {"type": "string"},
+        },
+    },
+    "JobAccepted": {
+        "type": "object",
+        "required": ["job_url", "state"],
+        "properties": {
+            "job_url": {"type": "string"},
+            "state": {"type": "string", "enum": ["queued", "running"]},
+            "position": {"type": "integer"},
+        },
+    },
+}
+_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+_BUNDLE = {
+    "description": "The output bundle (gzipped tar; a cell that raised has success: false)",
+    "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
+}
+_ACCEPTED = {
+    "description": "Every kernel is busy: poll job_url",
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobAccepted"}}},
+}
+_EXECUTE_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: _BUNDLE,
+    202: _ACCEPTED,
+    400: {"description": "Malformed envelope, descriptor, part or name", **_ERROR},
+    401: {"description": "Token missing or wrong", **_ERROR},
+    408: {"description": "The cell exceeded timeout_seconds (504 with --timeout-status 504)"},
+    409: {"description": "Cancelled", **_ERROR},
+    413: {"description": "An input exceeds STRATA_WORKER_MAX_INPUT_BYTES", **_ERROR},
+    502: {"description": "The kernel died during the cell", **_ERROR},
+    503: {"description": "The queue is full (Retry-After)", **_ERROR},
+}
+
+
+def _multipart_body(envelope: str) -> dict[str, Any]:
+    """The OpenAPI request body of a push route: a metadata file part plus input parts."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {
+                "multipart/form-data": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["metadata"],
+                        "properties": {
+                            "metadata": {
+                                "type": "string",
+                                "format": "binary",
+                                "description": f"A JSON file part: the {envelope} envelope",
+                            }
+                        },
+                        "additionalProperties": {
+                            "type": "string",
+                            "format": "binary",
+                            "description": "One file part per input, named by its file name "
+                            "(e.g. df.arrow) or its variable name",
+                        },
+                    }
+                }
+            },
+        }
+    }
+
+
+_MANIFEST_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["metadata", "inputs", "output", "finalize_url"],
+                    "properties": {
+                        "build_id": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "inputs": {"type": "array", "items": {"type": "object"}},
+                        "output": {"type": "object"},
+                        "finalize_url": {"type": "string"},
+                        "log_url": {"type": "string"},
+                        "output_file_url": {"type": "string"},
+                    },
+                }
+            }
+        },
+    }
+}
+
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
@@ -115,13 +210,21 @@ def _free_slots(state: WorkerState) -> int:
     return sum(1 for slot in set(state.settings.gpu_slots) if slot not in busy)
 
 
-@protected.post("/v1/execute")
+@protected.post(
+    "/v1/execute",
+    responses=_EXECUTE_RESPONSES,
+    openapi_extra=_multipart_body("executor-v1 (transform.ref notebook_cell@v1)"),
+)
 async def execute_v1(request: Request) -> Response:
     """Push model, executor-v1 envelope (the route the Strata client calls)."""
     return await _execute(request, parse_execute_v1)
 
 
-@protected.post("/v1/notebook-execute")
+@protected.post(
+    "/v1/notebook-execute",
+    responses=_EXECUTE_RESPONSES,
+    openapi_extra=_multipart_body("flat notebook-cell-v1"),
+)
 async def notebook_execute(request: Request) -> Response:
     """Push model, the flat legacy envelope."""
     return await _execute(request, parse_notebook_execute)
@@ -282,14 +385,21 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     return JSONResponse({"build_id": build_id, "cancelled": cancelled})
 
 
-@protected.post("/v1/execute-manifest")
+@protected.post(
+    "/v1/execute-manifest",
+    responses={
+        200: {"description": "Uploaded and finalized: success, build_id, byte_size, finalize"},
+        **{k: v for k, v in _EXECUTE_RESPONSES.items() if k != 200},
+    },
+    openapi_extra=_MANIFEST_BODY,
+)
 async def execute_manifest(request: Request) -> Response:
     """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
     state = _state(request)
     return await answer(request, state, await submit_manifest(state, request.stream()))
 
 
-@protected.post("/execute")
+@protected.post("/execute", openapi_extra=_MANIFEST_BODY)
 async def execute_pool_alias(request: Request) -> Response:
     """strata-pool's path to the pull model (it posts the manifest with no content type)."""
     return await execute_manifest(request)

@@ -72,3 +72,22 @@ def test_request_id_is_echoed_and_logged_without_source(observed: WorkerProcess)
         assert time.monotonic() < deadline, mine
         time.sleep(0.05)
     assert "do-not-log-me" not in observed.logs()
+
+
+def test_openapi_documents_every_route_and_the_multipart_envelope(
+    observed: WorkerProcess,
+) -> None:
+    schema = httpx.get(observed.url + "/openapi.json").json()
+    paths = schema["paths"]
+    for path in ("/health", "/v1/execute", "/v1/notebook-execute", "/v1/execute-manifest",
+                 "/execute", "/v1/jobs/{job_id}", "/v1/executions/{build_id}/cancel",
+                 "/v1/mount-cache/cached", "/metrics"):  # fmt: skip
+        assert path in paths, path
+    execute = paths["/v1/execute"]["post"]
+    body = execute["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert body["required"] == ["metadata"]
+    assert "application/x-tar" in execute["responses"]["200"]["content"]
+    assert {"202", "400", "401", "408", "413", "502", "503"} <= set(execute["responses"])
+    assert "Error" in schema["components"]["schemas"]
+    manifest = paths["/v1/execute-manifest"]["post"]["requestBody"]["content"]
+    assert "finalize_url" in manifest["application/json"]["schema"]["properties"]
