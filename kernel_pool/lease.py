@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ExecutionTimeout, KernelDied
@@ -75,9 +76,8 @@ class Lease:
         :class:`KernelDied`; either way the kernel is retired when the lease ends. If the
         caller is cancelled mid-execution the kernel is retired too.
         """
-        self._in_flight = True
-        try:
-            result = await self._kernel.execute(
+        with self._tracked():
+            return await self._kernel.execute(
                 code,
                 deadline=deadline,
                 silent=silent,
@@ -87,14 +87,6 @@ class Lease:
                 buffers=buffers,
                 on_output=on_output,
             )
-        except ExecutionTimeout:
-            self.retire(RetireReason.TIMEOUT)
-            raise
-        except KernelDied:
-            self.retire(RetireReason.DIED)
-            raise
-        self._in_flight = False
-        return result
 
     async def send(
         self,
@@ -108,9 +100,19 @@ class Lease:
 
         Returns what the kernel published on IOPub in response, once it is idle again.
         """
+        with self._tracked():
+            return await self._kernel.send(msg_type, content, deadline=deadline, buffers=buffers)
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Iterator[None]:
+        """Mark a message in flight; a timeout or death marks the kernel for retirement.
+
+        A block that does not complete (cancelled, or raising) leaves ``in_flight`` set, so
+        the pool retires the kernel when the lease ends.
+        """
         self._in_flight = True
         try:
-            outputs = await self._kernel.send(msg_type, content, deadline=deadline, buffers=buffers)
+            yield
         except ExecutionTimeout:
             self.retire(RetireReason.TIMEOUT)
             raise
@@ -118,7 +120,6 @@ class Lease:
             self.retire(RetireReason.DIED)
             raise
         self._in_flight = False
-        return outputs
 
     async def interrupt(self) -> None:
         """Send SIGINT to the kernel (the lease stays held)."""
