@@ -15,10 +15,13 @@ import ast
 import asyncio
 import contextlib
 import enum
+import grp
 import itertools
 import json
 import logging
 import os
+import pwd
+import shutil
 import signal
 import sys
 import time
@@ -71,6 +74,21 @@ def native_kernelspec_dir(private_dir: Path) -> Path:
 
 
 _PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+KernelIdentity = tuple[int, int]
+
+
+def kernel_identity(config: PoolConfig) -> KernelIdentity | None:
+    """(uid, gid) kernels run as, when the pool runs them as another user."""
+    if config.kernel_user is None:
+        return None
+    try:
+        user = pwd.getpwnam(config.kernel_user)
+        gid = grp.getgrnam(config.kernel_group).gr_gid if config.kernel_group else user.pw_gid
+    except KeyError as exc:
+        raise KernelStartError(f"unknown kernel user or group: {exc.args[0]}") from None
+    return user.pw_uid, gid
 
 
 def descendants(pid: int) -> list[int]:
@@ -133,6 +151,9 @@ class Kernel:
         self._pidfd: int | None = None
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
+        self._identity = kernel_identity(config)
+        self._kernel_dir = private_dir / self.kernel_id
+        self._kernel_dir.mkdir(mode=0o700)
         self.died = asyncio.Event()
         self._on_death = on_death
 
@@ -159,12 +180,27 @@ class Kernel:
             "kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot
         )
 
+    def _hand_over_to_kernel_user(self, identity: KernelIdentity) -> dict[str, Any]:
+        """Let the kernel's user use its own directory; the Popen arguments that drop to it.
+
+        The connection file is written (and given to that user) before the launch; the
+        kernel reads it once, at start, and it is deleted as soon as the kernel is ready.
+        """
+        uid, gid = identity
+        os.chown(self._kernel_dir, uid, gid)
+        self._km.write_connection_file()
+        os.chown(self._km.connection_file, uid, gid)
+        cwd = {} if self._config.kernel_cwd is not None else {"cwd": str(self._kernel_dir)}
+        return {"user": uid, "group": gid, "extra_groups": [], **cwd}
+
     def _environment(self) -> dict[str, str]:
         env = dict(self._config.env if self._config.env is not None else os.environ)
         if self.slot is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.slot
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-        env["IPYTHONDIR"] = str(self._private_dir / "ipython")
+        env["IPYTHONDIR"] = str(self._kernel_dir / "ipython")
+        if self._identity is not None:  # a user that may have no home directory
+            env["HOME"] = env["MPLCONFIGDIR"] = str(self._kernel_dir)
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
 
@@ -174,23 +210,22 @@ class Kernel:
             ksm = KernelSpecManager(kernel_dirs=[str(d) for d in self._kernel_dirs])
         else:
             ksm = KernelSpecManager()
-        connection_file = self._private_dir / f"{self.kernel_id}.json"
         self._km = AsyncKernelManager(
-            kernel_name=name, kernel_spec_manager=ksm, connection_file=str(connection_file)
+            kernel_name=name,
+            kernel_spec_manager=ksm,
+            connection_file=str(self._kernel_dir / "connection.json"),
         )
         self._km.shutdown_wait_time = self._config.shutdown_timeout_seconds
-        self._km.transport = "ipc"  # unix sockets inside the private 0700 directory
-        self._km.ip = str(self._private_dir / self.kernel_id)
+        self._km.transport = "ipc"  # unix sockets inside the kernel's private directory
+        self._km.ip = str(self._kernel_dir / "ipc")
         kwargs: dict[str, Any] = {
             "env": self._environment(),
             "extra_arguments": [*_KERNEL_ARGS, *self._config.extra_arguments],
         }
         if self._config.kernel_cwd is not None:
             kwargs["cwd"] = str(self._config.kernel_cwd)
-        if self._config.kernel_user is not None:
-            kwargs["user"] = self._config.kernel_user
-        if self._config.kernel_group is not None:
-            kwargs["group"] = self._config.kernel_group
+        if self._identity is not None:
+            kwargs.update(self._hand_over_to_kernel_user(self._identity))
         try:
             await self._km.start_kernel(**kwargs)
         except NoSuchKernel as exc:
@@ -201,10 +236,17 @@ class Kernel:
         self._kc = self._km.client()
         self._kc.start_channels()
         await self._wait_ready()
+        self._forget_connection_file()
         self._pumps = [
             asyncio.create_task(self._pump(self._kc.get_shell_msg, "shell")),
             asyncio.create_task(self._pump(self._kc.get_iopub_msg, "iopub")),
         ]
+
+    def _forget_connection_file(self) -> None:
+        """Under another user, no file may give a cell another kernel's key."""
+        if self._identity is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._km.connection_file)
 
     async def _wait_ready(self) -> None:
         """Wait for the first kernel_info reply, or fail as soon as the process exits."""
@@ -498,5 +540,4 @@ class Kernel:
                 await self._km.shutdown_kernel(now=now)
         if self._pidfd is not None:
             self._on_exit()
-        with contextlib.suppress(OSError):
-            (self._private_dir / f"{self.kernel_id}.json").unlink()
+        await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)

@@ -66,7 +66,8 @@ class Pool:
         self._started = True
         parent = self.config.runtime_dir
         self._private_dir = Path(tempfile.mkdtemp(prefix="kernel-pool-", dir=parent))
-        self._private_dir.chmod(0o700)
+        # kernels running as another user may traverse (not list) it to reach their own dir
+        self._private_dir.chmod(0o711 if self.config.kernel_user else 0o700)
         self._kernel_dirs = [native_kernelspec_dir(self._private_dir)]
         results = await asyncio.gather(
             *(self._start_one() for _ in range(self.config.target_kernels)),

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import pwd
+import shutil
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -70,11 +76,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     mount_cache = MountCache.from_environ(environ)
     secrets = scrub_secrets(os.environ)
     if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
-        settings = _with_token(settings, secrets["STRATA_WORKER_TOKEN"].strip())
+        settings = replace(settings, token=secrets["STRATA_WORKER_TOKEN"].strip())
     kernel_env = dict(os.environ)
     pool = Pool(pool_config(settings, kernel_env))
     jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
-    context = ExecutionContext(hardware_report(), settings.console_cap)
+    owner = _kernel_owner(settings.kernel_user)
+    if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
+        settings = replace(settings, run_root=_private_run_root(settings.run_root))
+    context = ExecutionContext(hardware_report(), settings.console_cap, owner)
     metrics = WorkerMetrics(
         pool, lambda: {"queue_depth": jobs.queued, "active_executions": state.active_executions}
     )
@@ -96,6 +105,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 metrics_server.shutdown()
             await jobs.aclose()
             await pool.aclose()
+            if owner is not None and settings.run_root is not None:
+                await asyncio.to_thread(shutil.rmtree, settings.run_root, True)
 
     app = FastAPI(
         title="strata-kernel-worker",
@@ -109,6 +120,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_exception_handler(WorkerError, _worker_error_handler)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+def _private_run_root(parent: Path | None) -> Path:
+    root = Path(tempfile.mkdtemp(prefix="skw-runs-", dir=parent))
+    root.chmod(0o711)  # traversable to a known name, not listable
+    return root
+
+
+def _kernel_owner(user: str | None) -> tuple[int, int] | None:
+    if user is None:
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ValueError(f"--kernel-user: no such user: {user!r}") from None
+    return entry.pw_uid, entry.pw_gid
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -130,12 +157,6 @@ def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> Any:
         settings.metrics_port, addr=settings.host, registry=metrics.registry
     )
     return server
-
-
-def _with_token(settings: Settings, token: str) -> Settings:
-    from dataclasses import replace
-
-    return replace(settings, token=token)
 
 
 async def _worker_error_handler(request: Request, exc: Exception) -> Response:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import pwd
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -82,6 +83,13 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         f"{ENV_PREFIX}SPARES",
         _non_negative_int,
         "extra warm kernels so a restart never makes a request wait (default 0)",
+    ),
+    (
+        "--kernel-user",
+        f"{ENV_PREFIX}KERNEL_USER",
+        str,
+        "run kernels as this unprivileged user when the worker runs as root (they cannot "
+        "read the worker's environment, memory or files, nor kernel connection files)",
     ),
     (
         "--kernel-name",
@@ -216,6 +224,14 @@ def _settings(
     recycle = values.pop("recycle", "reset")
     if recycle not in ("reset", "fresh"):
         parser.error("--recycle must be 'reset' or 'fresh'")
+    kernel_user = values.get("kernel_user")
+    if kernel_user is not None:
+        try:
+            pwd.getpwnam(kernel_user)
+        except KeyError:
+            parser.error(f"--kernel-user: no such user: {kernel_user}")
+        if os.geteuid() != 0:
+            parser.error("--kernel-user needs the worker to run as root")
     preload = values.get("preload")
     if preload is not None and not os.path.isfile(preload):
         parser.error(f"--preload: no such file: {preload}")

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -96,6 +97,25 @@ class ExecutionContext:
 
     hardware: Mapping[str, object]
     console_cap: int
+    kernel_owner: tuple[int, int] | None = None
+    """(uid, gid) of the kernels when they run as another user: they get the run dir."""
+
+
+def hand_over(root: Path, owner: tuple[int, int]) -> None:
+    """Give the kernels' user the run directory (blocking: use a thread).
+
+    Directories and single-link files change owner; hard links (read-only mount views
+    sharing the machine's cache blobs) are left alone, since they are readable as they are.
+    """
+    uid, gid = owner
+    os.chown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            if os.lstat(path).st_nlink == 1:
+                os.chown(path, uid, gid, follow_symlinks=False)
 
 
 def build_plan(
@@ -153,6 +173,8 @@ async def run_cell(
         if folders
         else build_plan(request, run_dir, mounts)
     )
+    if context.kernel_owner is not None:
+        await asyncio.to_thread(hand_over, run_dir.root, context.kernel_owner)
     reducer = OutputReducer(context.console_cap)
     sink = reducer.feed if console is None else _teeing(reducer, console)
     started = time.monotonic()

@@ -300,7 +300,7 @@ async def test_connection_files_are_private_and_removed() -> None:
     private = pool.private_dir
     assert private is not None
     assert stat.S_IMODE(private.stat().st_mode) & 0o077 == 0
-    assert list(private.glob("*.json"))
+    assert list(private.glob("k*/connection.json"))
     await pool.aclose()
     assert not private.exists()
 

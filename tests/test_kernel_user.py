@@ -1,0 +1,101 @@
+"""``--kernel-user``: kernels run as an unprivileged user, out of reach of the worker's secrets.
+
+Needs root and an interpreter the unprivileged user can execute (CI makes sure of both);
+elsewhere it is skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from .conftest import WorkerProcess, start_worker
+from .wire import run_ok
+
+USER = "nobody"
+TOKEN = "kernel-user-token-4242"
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        entry = pwd.getpwnam(USER)
+    except KeyError:
+        return f"no user {USER!r}"
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import ipykernel"],
+            user=entry.pw_uid, group=entry.pw_gid, extra_groups=[],
+            capture_output=True, check=False,
+        )  # fmt: skip
+    except OSError:
+        probe = None
+    if probe is None or probe.returncode != 0:
+        return f"{USER} cannot run {sys.executable} (a parent directory is private)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+
+
+@pytest.fixture(scope="module")
+def confined(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    # pytest's own temp dirs are private to root: runs go where the kernel user can reach
+    runs = tempfile.mkdtemp(prefix="skw-test-runs-")
+    os.chmod(runs, 0o711)
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "2", "--kernel-user", USER, "--run-dir", runs,
+        env={"STRATA_WORKER_TOKEN": TOKEN},
+    )  # fmt: skip
+    try:
+        yield w
+    finally:
+        w.stop()
+        leftovers = os.listdir(runs)
+        shutil.rmtree(runs, ignore_errors=True)
+        assert not leftovers, f"run directories left behind: {leftovers}"
+
+
+def test_kernels_run_confined(confined: WorkerProcess) -> None:
+    source = (
+        "import os, glob, json, pathlib\n"
+        "uid = os.getuid()\n"
+        "def attempt(fn):\n"
+        "    try:\n"
+        "        fn()\n"
+        "        return 'read'\n"
+        "    except PermissionError:\n"
+        "        return 'denied'\n"
+        "    except FileNotFoundError:\n"
+        "        return 'absent'\n"
+        "parent = os.getppid()\n"
+        "environ = attempt(lambda: open(f'/proc/{parent}/environ', 'rb').read())\n"
+        "memory = attempt(lambda: open(f'/proc/{parent}/mem', 'rb').read(1))\n"
+        "private = pathlib.Path(os.environ['IPYTHONDIR']).parent.parent\n"
+        "listing = attempt(lambda: os.listdir(private))\n"
+        "keys = [p for p in glob.glob(str(private / '*' / 'connection.json'))]\n"
+        "run_parent = attempt(lambda: os.listdir(pathlib.Path.cwd().parent.parent))\n"
+        "(pathlib.Path.cwd() / 'scratch.txt').write_text('the work dir is writable')\n"
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=confined.url, timeout=60, headers=auth) as c:
+        bundle = run_ok(c, source, [({"name": "value", "format": "json/object"}, b"41")])
+        v = bundle.variables
+        assert v["uid"]["preview"] == pwd.getpwnam(USER).pw_uid
+        assert v["environ"]["preview"] == "denied"
+        assert v["memory"]["preview"] == "denied"
+        assert v["listing"]["preview"] == "denied"  # other kernels' dirs cannot be listed
+        assert v["keys"]["preview"] == []  # connection files are gone once kernels start
+        assert v["run_parent"]["preview"] == "denied"  # other requests' run dirs are unlisted
+        # inputs are readable, outputs writable: a normal cell works
+        result = run_ok(c, "y = value + 1", [({"name": "value", "format": "json/object"}, b"41")])
+        assert result.variables["y"]["preview"] == 42
