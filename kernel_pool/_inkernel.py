@@ -56,6 +56,25 @@ def _start_lazy_infrastructure_threads():
         zmq_gc.start()
     except Exception:
         pass
+    _start_lifeline()
+
+
+def _start_lifeline():
+    """If the pool's process dies (even by SIGKILL), take this kernel's whole process group
+    down with it within about half a second: no orphaned cell processes holding GPUs."""
+    if any(t.name == "kernel-pool-lifeline" for t in threading.enumerate()):
+        return
+    parent = os.getppid()
+
+    def watch():
+        import signal
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kernel-pool-lifeline", daemon=True).start()
 
 
 def capture():

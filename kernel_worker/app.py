@@ -8,6 +8,7 @@ import os
 import pwd
 import shutil
 import tempfile
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -18,7 +19,7 @@ import psutil
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import start_http_server
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from kernel_pool import Pool, PoolConfig
 
@@ -26,7 +27,7 @@ from . import __version__
 from .agent import setup_code
 from .auth import scrub_secrets
 from .errors import WorkerError, error_response
-from .execution import ExecutionContext
+from .execution import ExecutionContext, sweep_stale_run_dirs
 from .jobs import JobQueue
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
@@ -91,6 +92,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        swept = await asyncio.to_thread(sweep_stale_run_dirs, settings.run_root)
+        if swept:
+            log.info("removed %d run directories left by workers that died", swept)
         await pool.start()
         metrics_server = _serve_metrics(settings, metrics)
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
@@ -118,8 +122,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)
+    app.add_exception_handler(Exception, _unexpected_error_handler)
     app.add_middleware(RequestIdMiddleware)
     return app
+
+
+async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
+    """A bug, not a bad request: the log gets the traceback, the caller an id to quote."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("unexpected error %s on %s %s", error_id, request.method, request.url.path,
+              exc_info=exc)  # fmt: skip
+    return JSONResponse({"detail": f"Internal error (id {error_id})"}, status_code=500)
 
 
 def _private_run_root(parent: Path | None) -> Path:

@@ -6,6 +6,7 @@ import argparse
 import logging
 import os
 import pwd
+import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -168,6 +169,12 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
     ("--log-level", f"{ENV_PREFIX}LOG_LEVEL", str, "debug, info (default), warning or error"),
     ("--log-format", f"{ENV_PREFIX}LOG_FORMAT", str, "'text' (default) or 'json' (JSON lines)"),
     (
+        "--drain-seconds",
+        f"{ENV_PREFIX}DRAIN_SECONDS",
+        _seconds,
+        "on SIGTERM, how long executions in flight may finish while new ones get 503 (default 30)",
+    ),
+    (
         "--metrics-port",
         f"{ENV_PREFIX}METRICS_PORT",
         int,
@@ -257,6 +264,34 @@ def _settings(
         parser.error(str(exc))
 
 
+class _DrainingServer:
+    """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: new executions get
+    503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
+    listener closes, remaining jobs are cancelled, kernels shut down, and the process exits 0.
+    """
+
+    def __new__(cls, config: Any, state: Any, drain_seconds: float) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                # a graceful stop exits 0 (uvicorn would re-raise the signal afterwards)
+                if self.should_exit and sig == signal.SIGINT:
+                    self.force_exit = True
+                self.should_exit = True
+
+            async def shutdown(self, sockets: Any = None) -> None:
+                drained = await state.drain(drain_seconds)
+                if not drained:
+                    logging.getLogger("kernel_worker").warning(
+                        "drain timed out after %ss; cancelling what is still running",
+                        drain_seconds,
+                    )
+                await super().shutdown(sockets)
+
+        return Server(config)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["run"]:  # `strata-kernel-worker run CELL.py …`: the client, not the server
@@ -275,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
         )
     app = create_app(settings)
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
@@ -283,6 +318,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=None,  # keep our handler (request ids, JSON lines)
         access_log=False,  # our middleware logs each request with its id
     )
+    _DrainingServer(config, app.state.worker, settings.drain_seconds).run()
 
 
 if __name__ == "__main__":  # pragma: no cover

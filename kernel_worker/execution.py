@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
 import os
+import re
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -86,9 +89,41 @@ class RunDir:
     @classmethod
     def make(cls, parent: Path | None) -> RunDir:
         """A new, private run directory under ``parent`` (blocking: use a thread)."""
-        run_dir = cls(Path(tempfile.mkdtemp(prefix="skw-run-", dir=parent)))
+        prefix = f"{RUN_DIR_PREFIX}{os.getpid()}-"  # the owner's pid: see sweep_stale_run_dirs
+        run_dir = cls(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
         run_dir.create()
         return run_dir
+
+
+RUN_DIR_PREFIX = "skw-run-"
+_STALE = re.compile(rf"^{RUN_DIR_PREFIX}(\d+)-")
+
+
+def sweep_stale_run_dirs(parent: Path | None) -> int:
+    """Remove run dirs left by workers that died without cleaning up (blocking).
+
+    Only directories whose owning process no longer exists are touched, so workers sharing
+    a run root leave each other alone. Returns how many were removed.
+    """
+    root = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    removed = 0
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(root):
+            match = _STALE.match(entry.name)
+            if match and entry.is_dir(follow_symlinks=False) and not _alive(int(match[1])):
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed += 1
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @dataclass(frozen=True, slots=True)

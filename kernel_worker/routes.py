@@ -186,7 +186,9 @@ async def health(request: Request) -> JSONResponse:
             "recycle": state.settings.recycle.value,
         },
     }
-    return JSONResponse(body, status_code=200 if warm else 503)
+    if state.draining:
+        body["status"] = "draining"
+    return JSONResponse(body, status_code=200 if warm and not state.draining else 503)
 
 
 def _features() -> dict[str, object]:

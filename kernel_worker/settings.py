@@ -94,6 +94,7 @@ class Settings:
     launch_id: str | None = None
     interrupt_grace_seconds: float = 2.0
     output_dir_poll_seconds: float = 5.0
+    drain_seconds: float = 30.0
     # pull model (spec §10): where signed URLs may point
     allow_local_hosts: bool = False
     allowed_hosts: tuple[str, ...] = ()

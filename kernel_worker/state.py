@@ -11,6 +11,7 @@ import httpx
 
 from kernel_pool import Pool
 
+from .errors import WorkerBusy
 from .execution import ExecutionContext
 from .settings import Settings
 
@@ -40,6 +41,8 @@ class WorkerState:
     mount_cache: MountCache
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
+    draining: bool = False
+    idle: asyncio.Event = field(default_factory=asyncio.Event)
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
 
@@ -49,12 +52,28 @@ class WorkerState:
 
     def admit(self, build_id: str | None) -> Execution:
         """Count an execution as active (and cancellable by build id) until discharged."""
+        if self.draining:
+            raise WorkerBusy("Worker is shutting down")
         execution = Execution(build_id)
         self.executions.append(execution)
         return execution
 
     def discharge(self, execution: Execution) -> None:
         self.executions.remove(execution)
+        if not self.executions:
+            self.idle.set()
+
+    async def drain(self, timeout_seconds: float) -> bool:
+        """Refuse new executions; wait (bounded) for those admitted to end. True if they did."""
+        self.draining = True
+        if not self.executions:
+            return True
+        self.idle.clear()
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout_seconds)
+        except TimeoutError:
+            return False
+        return True
 
     def cancel(self, build_id: str) -> bool:
         """Flag every execution of ``build_id`` as cancelled; True if one was running."""

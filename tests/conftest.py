@@ -140,8 +140,9 @@ def start_worker(
     *args: str,
     env: dict[str, str] | None = None,
     capture_logs: bool = False,
+    run_dir: Path | None = None,
 ) -> WorkerProcess:
-    run_dir = tmp_path_factory.mktemp("runs")
+    run_dir = run_dir if run_dir is not None else tmp_path_factory.mktemp("runs")
     log_file = run_dir.parent / f"{run_dir.name}.log" if capture_logs else None
     full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     full_env.update(env or {})

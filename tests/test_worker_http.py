@@ -609,3 +609,19 @@ def test_huge_previews_are_bounded(client: httpx.Client) -> None:
         assert bundle.variables[name]["preview_truncated"] is True
     assert bundle.file("items").startswith(b"[")  # the value itself is whole in its file
     assert len(json.loads(bundle.file("items"))) == 200_000
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [("POST", "/v1/execute"), ("POST", "/v1/notebook-execute"), ("POST", "/v1/execute-manifest"),
+     ("POST", "/execute"), ("GET", "/v1/jobs/some-job"), ("POST", "/v1/executions/b1/cancel"),
+     ("POST", "/v1/mount-cache/cached"), ("GET", "/metrics")],
+)  # fmt: skip
+def test_every_route_but_health_is_token_gated(guarded: WorkerProcess, method: str, path: str) -> None:
+    with httpx.Client(base_url=guarded.url, timeout=30) as c:
+        response = c.request(method, path, content=b"{not even json")
+        assert response.status_code == 401, response.text
+        wrong = c.request(method, path, headers={"Authorization": "Bearer nope"})
+        assert wrong.json()["detail"] == "Invalid worker token"
+        for open_path in ("/health", "/openapi.json", "/docs"):
+            assert c.get(open_path).status_code == 200
