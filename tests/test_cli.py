@@ -77,3 +77,14 @@ def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPat
     )  # fmt: skip
     assert proc.returncode != 0
     assert "weights not found" in proc.stderr
+
+
+def test_readme_documents_every_flag_and_its_environment_variable() -> None:
+    from pathlib import Path
+
+    from kernel_worker.cli import _OPTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    for flag, env, _, _ in _OPTIONS:
+        assert f"`{flag}`" in readme, flag
+        assert f"`{env}`" in readme, env
