@@ -15,15 +15,11 @@ import ast
 import asyncio
 import contextlib
 import enum
-import grp
 import itertools
-import json
 import logging
 import os
-import pwd
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,12 +33,12 @@ from jupyter_client.manager import AsyncKernelManager
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
 from .messages import ExecuteResult, Output
+from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity
 
 log = logging.getLogger(__name__)
 
 _INKERNEL_SOURCE = (Path(__file__).with_name("_inkernel.py")).read_text(encoding="utf-8")
 _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
-NATIVE_KERNEL_NAME = "kernel-pool-python"
 _KERNEL_ARGS = (
     "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
     "--IPKernelApp.capture_fd_output=True",
@@ -59,61 +55,6 @@ class KernelState(enum.Enum):
     RESETTING = "resetting"
     RETIRING = "retiring"
     STOPPED = "stopped"
-
-
-def native_kernelspec_dir(private_dir: Path) -> Path:
-    """Write a kernelspec running ipykernel on this interpreter; return its kernels dir."""
-    spec_dir = private_dir / "kernels" / NATIVE_KERNEL_NAME
-    spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec_dir / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "Python (kernel pool)", "language": "python"}),
-        encoding="utf-8",
-    )
-    return spec_dir.parent
-
-
-_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
-
-
-KernelIdentity = tuple[int, int]
-
-
-def kernel_identity(config: PoolConfig) -> KernelIdentity | None:
-    """(uid, gid) kernels run as, when the pool runs them as another user."""
-    if config.kernel_user is None:
-        return None
-    try:
-        user = pwd.getpwnam(config.kernel_user)
-        gid = grp.getgrnam(config.kernel_group).gr_gid if config.kernel_group else user.pw_gid
-    except KeyError as exc:
-        raise KernelStartError(f"unknown kernel user or group: {exc.args[0]}") from None
-    return user.pw_uid, gid
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (empty if it is gone).
-
-    Walks ``/proc/<pid>/task/<tid>/children``, whose cost follows the size of the tree, not
-    the number of processes on the machine; psutil's scan is the fallback where that file
-    does not exist.
-    """
-    if not _PROC_CHILDREN:
-        try:
-            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            return []
-    found: list[int] = []
-    pending = [pid]
-    while pending:
-        parent = pending.pop()
-        with contextlib.suppress(OSError):  # a process that exits mid-walk has no children
-            for task in os.scandir(f"/proc/{parent}/task"):
-                with contextlib.suppress(OSError), open(f"{task.path}/children") as fh:
-                    children = [int(child) for child in fh.read().split()]
-                    found.extend(children)
-                    pending.extend(children)
-    return found
 
 
 def _literal(result: ExecuteResult, key: str) -> Any:

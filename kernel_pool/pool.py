@@ -23,8 +23,9 @@ from typing import Any
 
 from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
-from .kernel import Kernel, KernelState, native_kernelspec_dir
+from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
+from .processes import native_kernelspec_dir
 from .stats import PoolStats, StatsRecorder
 
 log = logging.getLogger(__name__)

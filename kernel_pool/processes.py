@@ -1,0 +1,76 @@
+"""Processes: kernelspec for this interpreter, the identity kernels run as, process trees.
+
+No jupyter_client here; plain OS facts the kernel and the pool need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import grp
+import json
+import os
+import pwd
+import sys
+from pathlib import Path
+
+import psutil
+
+from .config import PoolConfig
+from .errors import KernelStartError
+
+NATIVE_KERNEL_NAME = "kernel-pool-python"
+
+
+def native_kernelspec_dir(private_dir: Path) -> Path:
+    """Write a kernelspec running ipykernel on this interpreter; return its kernels dir."""
+    spec_dir = private_dir / "kernels" / NATIVE_KERNEL_NAME
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    (spec_dir / "kernel.json").write_text(
+        json.dumps({"argv": argv, "display_name": "Python (kernel pool)", "language": "python"}),
+        encoding="utf-8",
+    )
+    return spec_dir.parent
+
+
+_PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+KernelIdentity = tuple[int, int]
+
+
+def kernel_identity(config: PoolConfig) -> KernelIdentity | None:
+    """(uid, gid) kernels run as, when the pool runs them as another user."""
+    if config.kernel_user is None:
+        return None
+    try:
+        user = pwd.getpwnam(config.kernel_user)
+        gid = grp.getgrnam(config.kernel_group).gr_gid if config.kernel_group else user.pw_gid
+    except KeyError as exc:
+        raise KernelStartError(f"unknown kernel user or group: {exc.args[0]}") from None
+    return user.pw_uid, gid
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (empty if it is gone).
+
+    Walks ``/proc/<pid>/task/<tid>/children``, whose cost follows the size of the tree, not
+    the number of processes on the machine; psutil's scan is the fallback where that file
+    does not exist.
+    """
+    if not _PROC_CHILDREN:
+        try:
+            return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            return []
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        with contextlib.suppress(OSError):  # a process that exits mid-walk has no children
+            for task in os.scandir(f"/proc/{parent}/task"):
+                with contextlib.suppress(OSError), open(f"{task.path}/children") as fh:
+                    children = [int(child) for child in fh.read().split()]
+                    found.extend(children)
+                    pending.extend(children)
+    return found
