@@ -19,7 +19,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-MB = 1_000_000
+from .plan import MB
+
 COLUMNS = 8  # float64 columns: a row is 64 bytes of data
 TIMEOUT_SECONDS = 600
 
@@ -45,6 +46,12 @@ import pandas as pd
 out = pd.DataFrame(np.random.default_rng(0).random(({rows}, {columns})), columns=list("abcdefgh"))
 del np, pd
 """
+_PREDICT = """\
+import numpy as np
+result = float(predict(np.linspace(-1.0, 1.0, 256 * 32).reshape(256, 32)).mean())
+"""
+PRELOAD_FILE = Path(__file__).resolve().with_name("model_preload.py")
+PRELOAD_LABEL = "preloaded model (2s build)"
 _RAW_READ = """\
 import pyarrow as _pa
 with _pa.OSFile({path!r}, "rb") as _f:
@@ -101,12 +108,30 @@ def worker_cases(*, full: bool) -> list[Case]:
         )  # fmt: skip
     for nbytes, size in sizes:
         label = _size_label(nbytes)
-        source = _OUTPUT.format(rows=_rows(nbytes), columns=COLUMNS)
-        cases.append(
-            Case(f"output_{label.replace(' ', '').lower()}", f"output {label} arrow", source,
-                 size, output_bytes=nbytes, expect_variable="out")
-        )  # fmt: skip
+        cases.append(output_case(f"output_{label.replace(' ', '').lower()}", nbytes, size))
     return cases
+
+
+def output_case(name: str, nbytes: int, size: str) -> Case:
+    """The cell builds an ``nbytes`` DataFrame ``out`` that comes back as an Arrow output."""
+    source = _OUTPUT.format(rows=_rows(nbytes), columns=COLUMNS)
+    return Case(name, f"output {_size_label(nbytes)} arrow", source, size,
+                output_bytes=nbytes, expect_variable="out")  # fmt: skip
+
+
+def preloaded_model_cases() -> tuple[Case, Case]:
+    """The cell that calls the preloaded model, and the reference's twin that rebuilds it.
+
+    Our worker (``--preload``) and the raw kernels (preloaded once) run the call alone; the
+    reference has no preload, so its cell is the preload file's code followed by the call.
+    """
+    call = Case("preloaded_model", PRELOAD_LABEL, _PREDICT, "small")
+    rebuild = PRELOAD_FILE.read_text(encoding="utf-8") + "\n" + _PREDICT
+    return call, Case("preloaded_model", PRELOAD_LABEL, rebuild, "small")
+
+
+KILL_CASE = Case("churn_kill", "the cell kills its kernel", "import os; os._exit(1)\n", "small")
+"""Every n-th request of the churn case: our worker answers 502, the reference a 5xx."""
 
 
 def raw_source(case: Case, input_path: Path | None, output_path: Path) -> str:

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from kernel_worker.settings import default_run_root
+
 from .chart import write_chart
 from .errors import BenchError, Failure
 from .plan import BenchPlan
@@ -68,7 +70,11 @@ async def _run(
 ) -> dict[str, Any]:
     failures: list[Failure] = []
     results: dict[str, Any] = {}
-    workdir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="kernel-bench-"))
+    # where the worker puts run directories by default (a tmpfs when there is one): the
+    # product as configured, and the same place for the raw baseline's files
+    workdir = Path(
+        await asyncio.to_thread(tempfile.mkdtemp, "", "kernel-bench-", default_run_root())
+    )
     try:
         if only in (None, "pool"):
             log.info("pool level")

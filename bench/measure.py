@@ -113,7 +113,7 @@ def raw_runner(kernels: list[RawKernel], case: Case, source: str) -> RunOnce:
     return run
 
 
-def _failure(where: tuple[str, str, str], attempt: Attempt) -> Failure:
+def failure(where: tuple[str, str, str], attempt: Attempt) -> Failure:
     target, case, request = where
     log.error("%s failed on %s: %s", target, case, attempt.problem)
     detail = f"{attempt.problem}\n{attempt.response}".strip()
@@ -141,7 +141,7 @@ async def latency(
             extra = await asyncio.gather(*(run() for _ in range(burst)))
             attempt = next((a for a in extra if a.problem is not None), attempt)
         if attempt.problem is not None:
-            failures.append(_failure(where, attempt))
+            failures.append(failure(where, attempt))
             break
         if i == 0 and first is None:
             first = attempt.seconds
@@ -177,7 +177,7 @@ async def throughput(
     elapsed = time.perf_counter() - started
     cpu_after = await asyncio.to_thread(cpu) if cpu else {}
     if problems:
-        failures.append(_failure(where, problems[0]))
+        failures.append(failure(where, problems[0]))
     summary = summarize(latencies)
     return {
         "clients": clients,

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+MB = 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class Reps:
@@ -43,6 +45,39 @@ class ThroughputPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class PreloadPlan:
+    """The "preloaded model" case: requests per series (each a ~2 s build for the baselines)."""
+
+    ours: int
+    fresh: int  # back to back: replacements (kernel start + preload) may not keep up
+    fresh_paced: int  # every kernel idle again before each request
+    reference: int  # rebuilds the model in every cell
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnPlan:
+    """Every ``every``-th request kills its own kernel; the others are timed."""
+
+    every: int
+    requests: int  # ours (spares 1, and spares 0), back to back
+    paced_requests: int  # ours (spares 1) with ``pace_seconds`` between requests
+    pace_seconds: float
+    baseline_requests: int  # fresh mode and the reference (~0.6-1 s per cell)
+    budget_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryPlan:
+    """RSS over ``cells`` trivial cells (growth after ``warmup``), and one large output."""
+
+    cells: int
+    warmup: int
+    samples: int
+    output_bytes: int
+    budget_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
 class BenchPlan:
     quick: bool
     full: bool
@@ -54,6 +89,9 @@ class BenchPlan:
     reps_medium: Reps  # 10 MB
     reps_large: Reps  # 100 MB
     reps_huge: Reps  # 1 GB (only with --full)
+    preload: PreloadPlan
+    churn: ChurnPlan
+    memory: MemoryPlan
     kernels: int = 2
 
     @classmethod
@@ -69,6 +107,9 @@ class BenchPlan:
                 reps_medium=Reps(15, 3, 3),
                 reps_large=Reps(3, 1, 1),
                 reps_huge=Reps(2, 1, 1),
+                preload=PreloadPlan(30, 6, 3, 3),
+                churn=ChurnPlan(10, 200, 60, 0.15, 12, 45.0),
+                memory=MemoryPlan(1000, 100, 20, (1000 if full else 100) * MB, 120.0),
             )
         return cls(
             quick=False,
@@ -80,4 +121,7 @@ class BenchPlan:
             reps_medium=Reps(60, 8, 6),
             reps_large=Reps(10, 3, 3),
             reps_huge=Reps(3, 2, 2),
+            preload=PreloadPlan(300, 12, 6, 6),
+            churn=ChurnPlan(10, 1000, 200, 0.15, 30, 240.0),
+            memory=MemoryPlan(10_000, 1000, 50, (1000 if full else 100) * MB, 900.0),
         )

@@ -47,12 +47,20 @@ def find_reference_bin(explicit: str | None) -> Path | None:
     return REFERENCE_FALLBACK if REFERENCE_FALLBACK.is_file() else None
 
 
-def our_worker_argv(port: int, *, kernels: int, recycle: str, run_dir: Path) -> list[str]:
-    return [
+def our_worker_argv(
+    port: int, *, kernels: int, recycle: str, run_dir: Path, spares: int = 0,
+    preload: Path | None = None,
+) -> list[str]:  # fmt: skip
+    argv = [
         sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1", "--port", str(port),
         "--pool-size", str(kernels), "--recycle", recycle, "--queue-wait", "120",
         "--run-dir", str(run_dir), "--log-level", "warning",
     ]  # fmt: skip
+    if spares:
+        argv += ["--spares", str(spares)]
+    if preload is not None:
+        argv += ["--preload", str(preload)]
+    return argv
 
 
 def reference_argv(binary: Path, port: int) -> list[str]:
@@ -129,12 +137,14 @@ class ServerProcess:
 
 
 def _all_idle(health: Any) -> bool:
-    """Our worker reports its pool; the reference has none (healthy is enough)."""
+    """Our worker reports its pool (every kernel, spares included, idle); the reference has
+    none (healthy is enough)."""
     pool = health.get("pool") if isinstance(health, dict) else None
     if not isinstance(pool, dict):
         return True
     kernels = pool.get("kernels") or {}
-    return int(kernels.get("idle", 0)) >= int(pool.get("size", 1) or 1)
+    wanted = int(pool.get("size", 1) or 1) + int(pool.get("spares", 0) or 0)
+    return int(kernels.get("idle", 0)) >= wanted
 
 
 def process_cpu(pid: int) -> tuple[float, float]:
@@ -162,3 +172,42 @@ def server_env(*, inline_matplotlib: bool) -> dict[str, str]:
     if inline_matplotlib:
         env["MPLBACKEND"] = "module://matplotlib_inline.backend_inline"
     return env
+
+
+def process_rss(pid: int) -> tuple[int, int]:
+    """Resident bytes of a process and the sum over its live descendants (kernels).
+
+    Blocking (reads /proc): call in a thread. A process that is gone counts as zero.
+    """
+    try:
+        proc = psutil.Process(pid)
+        own = int(proc.memory_info().rss)
+        children = proc.children(recursive=True)
+    except psutil.Error:
+        return 0, 0
+    descendants = 0
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            descendants += int(child.memory_info().rss)
+    return own, descendants
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Reset the kernel's record of a process's peak RSS (``VmHWM``); False where unsupported."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def peak_rss(pid: int) -> int | None:
+    """A process's peak resident bytes since start or :func:`reset_peak_rss` (Linux only)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .stats import ratio
+
 TARGET_ORDER = ("raw", "ours", "fresh", "reference")
 
 
@@ -26,6 +28,10 @@ def fmt_ratio(value: float | None) -> str:
 
 def fmt_rate(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def fmt_mb(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def _get(tree: Any, *path: str) -> Any:
@@ -60,7 +66,15 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         value: float | None = _get(worker, "cases", case, "ratios", which)
         return value
 
+    def rate(case: str) -> float | None:
+        value: float | None = _get(worker, "transfer", case, "mb_per_second", "ours")
+        return value
+
     tput = _get(worker, "throughput", "4", "ours", "cells_per_second")
+    growth = _get(worker, "memory", "growth", "ours") or {}
+    large = _get(worker, "memory", "large_output") or {}
+    above = _get(large, "ours", "server_above_mb")
+    peak_gb = above / 1000 if above is not None and large.get("bytes", 0) >= 1000**3 else None
     return [
         _target("pool: lease + execute p50 vs raw floor", "<= 1.5x",
                 ratios.get("lease_execute"), lambda v: v <= 1.5),
@@ -74,8 +88,20 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 case_ratio("pandas_mpl", "reference_vs_ours"), lambda v: v >= 100),
         _target("worker: 10 MB input, speed-up vs reference", ">= 20x",
                 case_ratio("input_10mb", "reference_vs_ours"), lambda v: v >= 20),
+        _target("worker: 100 MB input, effective MB/s", ">= 500",
+                rate("input_100mb"), lambda v: v >= 500),
+        _target("worker: 100 MB output, effective MB/s", ">= 500",
+                rate("output_100mb"), lambda v: v >= 500),
         _target("worker: throughput, 2 kernels, 4 clients (cells/s)", ">= 100",
                 tput, lambda v: v >= 100),
+        _target("worker: churn (--spares 1), others' p99/p50", "<= 5x",
+                _get(worker, "churn", "series", "spares1", "p99_over_p50"), lambda v: v <= 5),
+        _target("worker: RSS growth after warm-up, worker (%)", "< 5 %",
+                _get(growth, "worker", "growth_percent"), lambda v: v < 5),
+        _target("worker: RSS growth after warm-up, kernels (%)", "< 5 %",
+                _get(growth, "kernels", "growth_percent"), lambda v: v < 5),
+        _target("worker: 1 GB output, peak RSS above idle (GB, --full)", "< 1.5",
+                peak_gb, lambda v: v < 1.5),
     ]  # fmt: skip
 
 
@@ -129,6 +155,7 @@ def _worker_lines(worker: dict[str, Any]) -> list[str]:
             f"{p('fresh'):>9}{p('reference'):>9}{fmt_ratio(r.get('ours_vs_raw')):>10}"
             f"{fmt_ratio(r.get('fresh_vs_ours')):>11}{fmt_ratio(r.get('reference_vs_ours')):>10}"
         )
+    lines += _preload_lines(_get(worker, "cases", "preloaded_model"))
     lines.append("")
     lines.append(f"{'THROUGHPUT trivial, cells/s':<29}" + "".join(f"{n:>11}" for n in TARGET_ORDER)
                  + f"{'ours p50':>10}{'ours p99':>10}  ours CPU ms/cell: worker/kernels/client, busy")  # fmt: skip
@@ -138,6 +165,111 @@ def _worker_lines(worker: dict[str, Any]) -> list[str]:
             f"{f'{clients} client(s), 2 kernels':<29}{cells}"
             f"{fmt_seconds(_get(level, 'ours', 'latency', 'p50')):>10}"
             f"{fmt_seconds(_get(level, 'ours', 'latency', 'p99')):>10}  {_cpu_text(level.get('ours'))}"
+        )
+    for section in (_transfer_lines(worker.get("transfer") or {}), _churn_lines(worker.get("churn")),
+                    _memory_lines(worker.get("memory"))):  # fmt: skip
+        if section:
+            lines += ["", *section]
+    return lines
+
+
+def _preload_lines(case: dict[str, Any] | None) -> list[str]:
+    """What fresh mode pays for a preload: back to back vs with its replacements ready."""
+    if not case:
+        return []
+    t = case.get("targets") or {}
+
+    def series(name: str) -> str:
+        s = _get(t, name, "latency") or {}
+        return (f"p50 {fmt_seconds(s.get('p50'))}, max {fmt_seconds(s.get('max'))} "
+                f"(n={s.get('count', 0)})")  # fmt: skip
+
+    back_to_back = fmt_ratio(_get(case, "ratios", "fresh_vs_ours"))
+    paced = fmt_ratio(_get(case, "ratios", "fresh_paced_vs_ours"))
+    return [
+        f"  preloaded model, fresh mode back to back: {series('fresh')}, fresh/ours {back_to_back}",
+        f"  preloaded model, fresh mode paced (every kernel idle before each request): "
+        f"{series('fresh_paced')}, fresh/ours {paced}",
+    ]
+
+
+def _transfer_lines(transfer: dict[str, Any]) -> list[str]:
+    if not transfer:
+        return []
+    lines = [f"{'TRANSFER, MB/s (payload / p50)':<33}" + "".join(f"{n:>11}" for n in TARGET_ORDER)
+             + f"{'ours/ref':>10}  goal (ours)"]  # fmt: skip
+    for item in transfer.values():
+        rates = item.get("mb_per_second") or {}
+        cells = "".join(f"{fmt_rate(rates.get(n)):>11}" for n in TARGET_ORDER)
+        goal = ">= 500" if item.get("bytes") == 100 * 1000**2 else ""
+        vs_ref = ratio(rates.get("ours"), rates.get("reference"))
+        lines.append(f"{item.get('label', '?'):<33}{cells}{fmt_ratio(vs_ref):>10}  {goal}")
+    return lines
+
+
+_CHURN_LABELS = {
+    "spares1": "ours --spares 1, back to back",
+    "spares1_paced": "ours --spares 1, paced",
+    "ours": "ours --spares 0, back to back",
+    "fresh": "fresh, back to back",
+    "reference": "reference, back to back",
+}
+
+
+def _churn_lines(churn: dict[str, Any] | None) -> list[str]:
+    """p50/p95/p99/max of the cells that did not die, and of the one right after each death."""
+    if not churn:
+        return []
+    every = churn.get("every", "?")
+    lines = [f"{f'CHURN, every {every}th cell dies':<33}{'n':>6}{'kills':>6}{'status':>8}{'p50':>9}"
+             f"{'p95':>9}{'p99':>9}{'max':>9}{'p99/p50':>9}{'next p50':>10}{'next max':>10}"]  # fmt: skip
+    for name, item in (churn.get("series") or {}).items():
+        s = item.get("latency") or {}
+        after = item.get("after_kill") or {}
+        statuses = "/".join(sorted(item.get("kill_statuses") or {})) or "-"
+        label = _CHURN_LABELS.get(name, name)
+        if item.get("pace_seconds"):
+            label += f" {item['pace_seconds'] * 1e3:.0f} ms"
+        lines.append(
+            f"{label:<33}{s.get('count', 0):>6}{item.get('kills', 0):>6}{statuses:>8}"
+            f"{fmt_seconds(s.get('p50')):>9}{fmt_seconds(s.get('p95')):>9}"
+            f"{fmt_seconds(s.get('p99')):>9}{fmt_seconds(s.get('max')):>9}"
+            f"{fmt_ratio(item.get('p99_over_p50')):>9}{fmt_seconds(after.get('p50')):>10}"
+            f"{fmt_seconds(after.get('max')):>10}"
+        )
+    return lines
+
+
+def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
+    if not memory:
+        return []
+    growth = memory.get("growth") or {}
+    ours = growth.get("ours") or {}
+    title = f"MEMORY, RSS in MB over {ours.get('cells', 0)} trivial cells"
+    warm = f"at {ours.get('warmup', 0)}"
+    lines = [f"{title:<40}{'start':>9}{warm:>9}{'end':>9}{'max':>9}{'growth':>9}  goal"]
+    rows = [("ours", "worker", "ours: worker"), ("ours", "kernels", "ours: kernels (reset)"),
+            ("raw", "kernels", "raw kernels (no reset)")]  # fmt: skip
+    for target, role, label in rows:
+        g = _get(growth, target, role) or {}
+        pct = g.get("growth_percent")
+        lines.append(
+            f"{label:<40}{fmt_mb(g.get('start_mb')):>9}{fmt_mb(g.get('warm_mb')):>9}"
+            f"{fmt_mb(g.get('end_mb')):>9}{fmt_mb(g.get('max_mb')):>9}"
+            f"{'-' if pct is None else f'{pct:+.1f}%':>9}  {'< 5 %' if target == 'ours' else ''}"
+        )
+    large = memory.get("large_output") or {}
+    for target in ("ours", "reference"):
+        item = large.get(target) or {}
+        if not item:
+            continue
+        who = "worker" if target == "ours" else "reference server"
+        lines.append(
+            f"output {fmt_mb(large.get('bytes', 0) / 1e6)} MB, {target}: peak {who} RSS "
+            f"+{fmt_mb(item.get('server_above_mb'))} MB above idle "
+            f"({fmt_ratio(item.get('server_above_per_output_byte'))} the payload, from "
+            f"{item.get('server_peak_from')}); its children +{fmt_mb(item.get('children_above_mb'))} MB; "
+            f"{fmt_seconds(item.get('seconds'))}"
         )
     return lines
 
@@ -167,7 +299,7 @@ def _target_lines(targets: list[dict[str, Any]]) -> list[str]:
         verdict = {True: "met", False: "MISSED", None: "not run"}[t["met"]]
         value = t["measured"]
         shown = "-" if value is None else f"{value:.2f}"
-        lines.append(f"  [{verdict:<7}] {t['target']:<52} goal {t['goal']:<8} measured {shown}")
+        lines.append(f"  [{verdict:<7}] {t['target']:<55} goal {t['goal']:<8} measured {shown}")
     return lines
 
 

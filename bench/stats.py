@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,3 +58,45 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
 
 def p50(summary: Summary | None) -> float | None:
     return None if summary is None else summary.p50
+
+
+BASE_TARGETS = ("raw", "ours", "fresh", "reference")
+
+
+def result_p50(result: dict[str, Any] | None) -> float | None:
+    """The median of one target's latency result (``None``: failed or not run)."""
+    if not result or not result.get("latency"):
+        return None
+    value: float = result["latency"]["p50"]
+    return value
+
+
+def case_ratios(results: dict[str, Any]) -> dict[str, float | None]:
+    """A case's ratios on medians: ``ours/raw`` (overhead) and ``<baseline>/ours`` (speed-up)."""
+    ours = result_p50(results.get("ours"))
+    ratios = {"ours_vs_raw": ratio(ours, result_p50(results.get("raw")))}
+    baselines = ["fresh", "reference", *(n for n in results if n not in BASE_TARGETS)]
+    for name in baselines:
+        ratios[f"{name}_vs_ours"] = ratio(result_p50(results.get(name)), ours)
+    return ratios
+
+
+TRANSFER_MIN_BYTES = 100_000_000
+
+
+def transfer_rates(cases: dict[str, Any]) -> dict[str, Any]:
+    """Effective MB/s (payload bytes / median seconds per request, end to end) for every
+    target on the input and output cases of 100 MB and more."""
+    rates: dict[str, Any] = {}
+    for name, case in cases.items():
+        nbytes = case.get("bytes") or 0
+        if nbytes < TRANSFER_MIN_BYTES:
+            continue
+        targets = case.get("targets") or {}
+        per_target = {t: ratio(nbytes / 1e6, result_p50(targets.get(t))) for t in BASE_TARGETS}
+        rates[name] = {
+            "label": case.get("label", name),
+            "bytes": nbytes,
+            "mb_per_second": per_target,
+        }
+    return rates

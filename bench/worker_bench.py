@@ -14,13 +14,15 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from .cases import Case, arrow_stream, prepare_request, raw_source, worker_cases
+from .cases import PRELOAD_FILE, Case, arrow_stream, prepare_request, raw_source, worker_cases
+from .churn import run_churn
 from .errors import BenchError, Failure
 from .measure import (
     CpuProbe,
@@ -31,7 +33,9 @@ from .measure import (
     raw_runner,
     throughput,
 )
+from .memory import run_memory
 from .plan import BenchPlan, Reps
+from .preloaded import run_preloaded_model
 from .processes import (
     ServerProcess,
     free_port,
@@ -41,7 +45,7 @@ from .processes import (
     server_env,
 )
 from .rawkernel import RawKernel
-from .stats import ratio
+from .stats import case_ratios, transfer_rates
 
 log = logging.getLogger("bench.worker")
 
@@ -60,6 +64,11 @@ class Reference:
 class Targets:
     raw: list[RawKernel]
     http: list[HttpTarget]
+    client: httpx.AsyncClient
+
+    @property
+    def by_name(self) -> dict[str, HttpTarget]:
+        return {t.name: t for t in self.http}
 
 
 def _reps(plan: BenchPlan, case: Case) -> Reps:
@@ -92,12 +101,23 @@ class WorkerBench:
             for case in worker_cases(full=self.plan.full):
                 log.info("worker case %s", case.name)
                 cases[case.name] = await self._case(case, targets)
+            log.info("worker case preloaded_model")
+            preloaded = await self._guarded("preloaded_model", self._preloaded, targets)
+            if preloaded is not None:
+                cases["preloaded_model"] = preloaded
             levels = await self._throughput(targets)
+            log.info("worker churn: every %dth cell kills its kernel", self.plan.churn.every)
+            churn = await self._guarded("churn", self._churn, targets)
+            log.info("worker memory: %d trivial cells, one large output", self.plan.memory.cells)
+            memory = await self._guarded("memory", self._memory, targets)
         return {
             "kernels": self.plan.kernels,
             "targets": self.described,
             "cases": cases,
             "throughput": levels,
+            "transfer": transfer_rates(cases),
+            "churn": churn,
+            "memory": memory,
         }
 
     # -- targets ---------------------------------------------------------------------------
@@ -128,15 +148,65 @@ class WorkerBench:
         if self.reference.url is not None:
             http.append(await self._external(client, self.reference.url))
         self.described["raw"] = f"{len(raw)} ipykernel(s) via jupyter_client, no HTTP"
-        return Targets(raw, http)
+        return Targets(raw, http, client)
 
-    def _our_server(self, name: str, recycle: str) -> ServerProcess:
+    def _our_server(
+        self, name: str, recycle: str, spares: int = 0, preload: Path | None = None
+    ) -> ServerProcess:
         port = free_port()
         run_dir = self.workdir / f"runs-{name}"
         run_dir.mkdir()
-        argv = our_worker_argv(port, kernels=self.plan.kernels, recycle=recycle, run_dir=run_dir)
+        argv = our_worker_argv(port, kernels=self.plan.kernels, recycle=recycle, run_dir=run_dir,
+                               spares=spares, preload=preload)  # fmt: skip
         self.described[name] = " ".join(argv[1:])
         return ServerProcess(name, argv, port, self.logs / f"{name}.log")
+
+    @contextlib.asynccontextmanager
+    async def _servers(
+        self, targets: Targets, *specs: tuple[str, str, int, Path | None]
+    ) -> AsyncIterator[list[HttpTarget]]:
+        """Our workers for one case, ``(name, recycle, spares, preload)`` each; stopped after."""
+        async with contextlib.AsyncExitStack() as stack:
+            servers = [self._our_server(*spec) for spec in specs]
+            for server in servers:
+                stack.push_async_callback(server.stop)
+                await server.start(server_env(inline_matplotlib=True), ROOT)
+            await asyncio.gather(*(s.wait_healthy(targets.client, START_SECONDS) for s in servers))
+            yield [HttpTarget(s.name, s.url, targets.client, s) for s in servers]
+
+    # -- cases on workers of their own ------------------------------------------------------
+
+    async def _guarded(
+        self, name: str, run: Callable[[Targets], Awaitable[dict[str, Any]]], targets: Targets
+    ) -> dict[str, Any] | None:
+        """A case whose own workers could not start is reported, and the run goes on."""
+        try:
+            return await run(targets)
+        except (BenchError, TimeoutError) as exc:
+            self.failures.append(Failure("worker", "setup", name, "-", None, repr(exc)))
+            return None
+
+    async def _preloaded(self, targets: Targets) -> dict[str, Any]:
+        specs = [
+            ("ours-preload", "reset", 0, PRELOAD_FILE),
+            ("fresh-preload", "fresh", 0, PRELOAD_FILE),
+        ]
+        async with self._servers(targets, *specs) as (ours, fresh):
+            reference = targets.by_name.get("reference")
+            return await run_preloaded_model(
+                self.plan, targets.raw, ours, fresh, reference, self.failures
+            )
+
+    async def _churn(self, targets: Targets) -> dict[str, Any]:
+        async with self._servers(targets, ("ours-spares1", "reset", 1, None)) as (spares,):
+            ours, fresh = targets.by_name["ours"], targets.by_name["fresh"]
+            reference = targets.by_name.get("reference")
+            return await run_churn(self.plan, spares, ours, fresh, reference, self.failures)
+
+    async def _memory(self, targets: Targets) -> dict[str, Any]:
+        async with self._servers(targets, ("ours-memory", "reset", 0, None)) as (ours,):
+            reference = targets.by_name.get("reference")
+            return await run_memory(self.plan, ours, targets.raw, reference, self.failures)
 
     async def _external(self, client: httpx.AsyncClient, url: str) -> HttpTarget:
         url = url.rstrip("/")
@@ -170,7 +240,7 @@ class WorkerBench:
     async def _case(self, case: Case, targets: Targets) -> dict[str, Any]:
         reps = _reps(self.plan, case)
         runners = await self._runners(case, targets)
-        by_target = {t.name: t for t in targets.http}
+        by_target = targets.by_name
         results: dict[str, Any] = {}
         for name, (run, request) in runners.items():
             pooled = name in ("raw", "ours")
@@ -184,12 +254,17 @@ class WorkerBench:
             )  # fmt: skip
             if name in by_target:
                 await by_target[name].settle()
-        return {"label": case.label, "targets": results, "ratios": _case_ratios(results)}
+        return {
+            "label": case.label,
+            "bytes": case.input_bytes + case.output_bytes,
+            "targets": results,
+            "ratios": case_ratios(results),
+        }
 
     async def _throughput(self, targets: Targets) -> dict[str, Any]:
         case = worker_cases(full=False)[0]
         runners = await self._runners(case, targets)
-        by_target = {t.name: t for t in targets.http}
+        by_target = targets.by_name
         tp = self.plan.throughput
         levels: dict[str, Any] = {}
         for clients in tp.clients:
@@ -226,19 +301,3 @@ def _cpu_probe(name: str, targets: Targets) -> CpuProbe:
         return usage
 
     return probe
-
-
-def _p50(result: dict[str, Any] | None) -> float | None:
-    if not result or not result.get("latency"):
-        return None
-    value: float = result["latency"]["p50"]
-    return value
-
-
-def _case_ratios(results: dict[str, Any]) -> dict[str, float | None]:
-    ours = _p50(results.get("ours"))
-    return {
-        "ours_vs_raw": ratio(ours, _p50(results.get("raw"))),
-        "fresh_vs_ours": ratio(_p50(results.get("fresh")), ours),
-        "reference_vs_ours": ratio(_p50(results.get("reference")), ours),
-    }

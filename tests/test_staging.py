@@ -137,7 +137,7 @@ async def test_large_part_is_written_in_batches_off_the_event_loop(
         perform(self)
 
     monkeypatch.setattr(staging._Write, "perform", spy)
-    content = random.Random(2).randbytes(3_500_000)
+    content = random.Random(2).randbytes(14_000_000)
     body, content_type = encode([meta(), part("big.bin", content)])
     staged = await stage(body, content_type, inputs_dir, fixed(65_536))
     assert staged.parts["big.bin"].read_bytes() == content
