@@ -142,7 +142,7 @@ async def test_large_part_is_written_in_batches_off_the_event_loop(
     staged = await stage(body, content_type, inputs_dir, fixed(65_536))
     assert staged.parts["big.bin"].read_bytes() == content
     assert len(writes) >= 3
-    assert max(n for n, _ in writes) <= (1 << 20) + 65_536
+    assert max(n for n, _ in writes) <= staging._FLUSH_BYTES + 65_536
     assert not any(on_loop for _, on_loop in writes)
 
 
