@@ -277,8 +277,9 @@ class Pool:
                     *(self._start_one() for _ in range(missing)), return_exceptions=True
                 )
                 failures = [r for r in results if isinstance(r, KernelStartError)]
+                if len(failures) < len(results):
+                    delay = first  # some kernel started: starting works, no back-off needed
                 if not failures:
-                    delay = first
                     continue
                 log.error("kernel start failed (retrying in %.1fs): %s", delay, failures[0])
                 with contextlib.suppress(TimeoutError):

@@ -215,7 +215,8 @@ async def run_cell(
     started = time.monotonic()
     try:
         result = await lease.execute(
-            request.source,
+            # IPython skips a blank cell entirely (hooks included): run an equivalent no-op
+            request.source if request.source.strip() else "pass",
             deadline=started + request.timeout_seconds,
             store_history=False,
             metadata={"strata": plan},

@@ -41,6 +41,7 @@ from collections.abc import (
 from contextvars import ContextVar
 from dataclasses import dataclass
 from types import MappingProxyType
+from urllib.parse import urlsplit
 
 import httpcore
 import httpx
@@ -143,8 +144,14 @@ def _reached(ip: IPAddress) -> list[IPAddress]:
     return [ip]
 
 
+# IANA special-purpose IPv4 that older interpreters' ipaddress tables call global
+_NOT_GLOBAL = (ipaddress.ip_network("192.0.0.0/24"),)
+
+
 def _routable(ip: IPAddress) -> bool:
     flags = (ip.is_loopback, ip.is_link_local, ip.is_private, ip.is_multicast, ip.is_reserved)
+    if ip.version == 4 and any(ip in network for network in _NOT_GLOBAL):
+        return False
     # is_global also catches what the flags miss, e.g. 100.64.0.0/10 (carrier-grade NAT).
     return not any(flags) and not ip.is_unspecified and ip.is_global
 
@@ -184,6 +191,10 @@ class UrlGuard:
             )
         if not parsed.host:
             raise BadRequest(f"{label} URL is missing a host: {url!r}")
+        try:
+            urlsplit(url).port  # noqa: B018  (raises for a port outside 0-65535)
+        except ValueError:
+            raise BadRequest(f"{label} URL is not a valid URL: {url!r}") from None
         key = parsed.raw_host.decode("ascii")  # what the backend sees (IDNA for unicode)
         if self._policy.exempts(key):
             return
