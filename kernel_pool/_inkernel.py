@@ -57,6 +57,20 @@ def _start_lazy_infrastructure_threads():
     except Exception:
         pass
     _start_lifeline()
+    _forbid_tracing_when_unprivileged()
+
+
+def _forbid_tracing_when_unprivileged():
+    """Kernels sharing an unprivileged user must not read each other: no ptrace, and
+    /proc/<pid>/mem, environ and fd become root's only (PR_SET_DUMPABLE = 0)."""
+    if os.getuid() == 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:
+        pass
 
 
 def _start_lifeline():

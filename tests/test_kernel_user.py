@@ -6,6 +6,7 @@ elsewhere it is skipped, saying why.
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import shutil
@@ -99,3 +100,28 @@ def test_kernels_run_confined(confined: WorkerProcess) -> None:
         # inputs are readable, outputs writable: a normal cell works
         result = run_ok(c, "y = value + 1", [({"name": "value", "format": "json/object"}, b"41")])
         assert result.variables["y"]["preview"] == 42
+
+
+def test_kernels_cannot_read_each_other(confined: WorkerProcess) -> None:
+    """Two kernels share the unprivileged user, yet neither can read the other's memory."""
+    pids = sorted(confined.remember_kernels())
+    source = (
+        "import os\n"
+        "def attempt(path):\n"
+        "    try:\n"
+        "        open(path, 'rb').read(1)\n"
+        "        return 'read'\n"
+        "    except PermissionError:\n"
+        "        return 'denied'\n"
+        "    except (FileNotFoundError, ProcessLookupError, OSError):\n"
+        "        return 'absent'\n"
+        "others = [p for p in targets if p != os.getpid()]\n"
+        "results = sorted({attempt(f'/proc/{p}/{what}') for p in others\n"
+        "                  for what in ('mem', 'environ')})\n"
+    )
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=confined.url, timeout=60, headers=auth) as c:
+        targets = [({"name": "targets", "format": "json/object"}, json.dumps(pids).encode())]
+        bundle = run_ok(c, source, targets)
+    assert bundle.variables["results"]["preview"] == ["denied"]
+
