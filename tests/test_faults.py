@@ -224,3 +224,19 @@ def test_preload_that_fails_on_restart(
             assert client.get("/health").json()["pool"]["start_failures"] <= 4
     finally:
         w.stop()
+
+
+def test_a_500_mb_display(c: httpx.Client) -> None:
+    source = (
+        "import os\nfrom IPython.display import Image\n"
+        "display(Image(data=b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(500 * 2**20), format='png'))\n"
+        "x = 1\n"
+    )
+    response = execute(c, source, timeout_seconds=240)
+    bundle = read_bundle(response)
+    assert bundle.manifest["success"] is True
+    shown = [d for d in bundle.manifest["display"] if d["content_type"] == "image/png"]
+    assert shown and shown[0]["bytes"] == 500 * 2**20 + 8
+    reference = bundle.manifest["displays"][0]
+    assert reference["content_type"] == "image/png" and reference["inline_data_url_omitted"]
+    assert len(bundle.members["manifest.json"]) < 100_000

@@ -17,6 +17,7 @@ from . import codecs
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
+INLINE_IMAGE_LIMIT = 16 * 1024 * 1024
 _json_dumps = json.JSONEncoder(default=repr).encode  # immune to a cell patching json.dumps
 
 
@@ -169,6 +170,10 @@ def _serialize(name, value, files_dir, for_display=False):
 
 def _bound_preview(meta):
     """Keep the manifest small: a preview is for display, the value itself is in its file."""
+    url = meta.get("inline_data_url")
+    if isinstance(url, str) and len(url) > INLINE_IMAGE_LIMIT:
+        del meta["inline_data_url"]  # the image is still whole in its file
+        meta["inline_data_url_omitted"] = True
     preview = meta.get("preview")
     if preview is None or isinstance(preview, (bool, int, float)):
         return
