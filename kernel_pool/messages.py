@@ -4,20 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
-
-OutputType: TypeAlias = Literal[
-    "stream",
-    "display_data",
-    "execute_result",
-    "update_display_data",
-    "clear_output",
-    "error",
-]
-OUTPUT_TYPES: frozenset[str] = frozenset(
-    ("stream", "display_data", "execute_result", "update_display_data", "clear_output", "error")
-)
-"""IOPub message types that belong to an execution's output (others are bookkeeping)."""
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -154,7 +154,10 @@ def hand_over(root: Path, owner: tuple[int, int]) -> None:
 
 
 def build_plan(
-    request: CellRequest, run_dir: RunDir, mounts: Mapping[str, str] | None = None
+    request: CellRequest,
+    run_dir: RunDir,
+    mounts: Mapping[str, str] | None = None,
+    folders: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """The data the in-kernel agent needs to bind inputs and collect outputs."""
     inputs = [
@@ -177,7 +180,7 @@ def build_plan(
         "inputs": inputs,
         "paths": {
             **(mounts or {}),
-            **output_dirs.prepare(run_dir.dirs, output_dirs.declared(request.source)),
+            **output_dirs.prepare(run_dir.dirs, folders),
         },
         "env": dict(request.env),
         "work_dir": str(run_dir.work),
@@ -204,7 +207,7 @@ async def run_cell(
     folders = output_dirs.declared(request.source)
     # creating output folders touches the disk: only then is it worth a thread
     plan = (
-        await asyncio.to_thread(build_plan, request, run_dir, mounts)
+        await asyncio.to_thread(build_plan, request, run_dir, mounts, folders)
         if folders
         else build_plan(request, run_dir, mounts)
     )

@@ -12,7 +12,7 @@ import contextlib
 import io
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,16 +31,6 @@ AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
 """Adjusts a finished cell's outcome before it is bundled (e.g. files sent elsewhere)."""
 IN_MEMORY_BUNDLE_BYTES = 1024 * 1024
 COMPRESS_UP_TO_BYTES = 8 * 1024 * 1024
-
-
-@contextlib.asynccontextmanager
-async def admitted(state: WorkerState, build_id: str | None) -> AsyncIterator[Execution]:
-    """Count an execution as active (and cancellable by build id) while the block runs."""
-    execution = state.admit(build_id)
-    try:
-        yield execution
-    finally:
-        state.discharge(execution)
 
 
 def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
