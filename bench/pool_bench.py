@@ -74,7 +74,9 @@ async def _lease_block(pool: Pool, count: int, out: list[float], resets: list[fl
         resets_before = pool.stats().reset.count
         started = time.perf_counter()
         async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-            result = await lease.execute(TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS)
+            result = await lease.execute(
+                TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
+            )
         out.append(time.perf_counter() - started)
         if not result.ok:
             raise BenchError(f"lease execute failed: {result.reply.get('evalue')}")
@@ -90,7 +92,9 @@ async def _cycle_block(pool: Pool, count: int, out: list[float]) -> None:
             return
         started = time.perf_counter()
         async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-            result = await lease.execute(TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS)
+            result = await lease.execute(
+                TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
+            )
         if i:
             out.append(time.perf_counter() - started)
         if not result.ok:
@@ -127,7 +131,9 @@ async def _throughput(pool: Pool, callers: int, plan: PoolPlan) -> dict[str, Any
             issued += 1
             started = time.perf_counter()
             async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-                result = await lease.execute(TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS)
+                result = await lease.execute(
+                    TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
+                )
             latencies.append(time.perf_counter() - started)
             if not result.ok:
                 raise BenchError(f"throughput execute failed: {result.reply.get('evalue')}")

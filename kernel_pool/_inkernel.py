@@ -7,18 +7,25 @@ user namespace by the pool itself.
 
 Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook` to have
 its own per-request state cleared by every reset.
+
+An ``execute_request`` whose metadata carries ``{"kernel_pool": {"reset": true}}`` is the
+last execution of its lease: the kernel resets itself right after the cell (the last
+``post_run_cell`` hook) and puts the verdict in the reply's ``payload``, so a lease costs one
+round trip instead of two.
 """
 
 import gc
 import os
 import sys
 import threading
+import time
 
 _LAST_ERROR_ATTRS = ("last_type", "last_value", "last_traceback", "last_exc")
 _MISSING = object()
 # modules whose attributes a cell might monkeypatch and that everything else relies on
 _GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
 _SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook")
+RESET_PAYLOAD_SOURCE = "kernel_pool.reset"
 
 _baseline = {}
 _preloaded = frozenset()
@@ -122,6 +129,9 @@ def capture():
     )
     if _restore_after_execute not in shell.events.callbacks["post_execute"]:
         shell.events.register("post_execute", _restore_after_execute)
+    # registered after the setup and preload code's hooks, so it runs after theirs
+    if _reset_if_last not in shell.events.callbacks["post_run_cell"]:
+        shell.events.register("post_run_cell", _reset_if_last)
     gc.collect()
     gc.freeze()  # the warm baseline is never garbage: keep later collections short
     return {"names": len(ns), "preloaded": sorted(_preloaded)}
@@ -271,3 +281,29 @@ def reset():
     gc.freeze()
     _verify(ns, problems)
     return {"clean": not problems, "problems": problems}
+
+
+def _reset_asked(shell):
+    kernel = getattr(shell, "kernel", None)
+    if kernel is None:
+        return False
+    try:
+        parent = kernel.get_parent("shell") or {}
+    except Exception:
+        return False
+    asked = (parent.get("metadata") or {}).get("kernel_pool") or {}
+    return isinstance(asked, dict) and asked.get("reset") is True
+
+
+def _reset_if_last(result=None):
+    """The lease's last cell asked for it: reset now and report in the reply's payload."""
+    shell = _shell()
+    if not _baseline or not _reset_asked(shell):
+        return
+    started = time.perf_counter()
+    try:
+        report = reset()
+    except BaseException as exc:  # any failure makes the kernel suspect
+        report = {"clean": False, "problems": [f"reset failed: {type(exc).__name__}: {exc}"]}
+    report["seconds"] = time.perf_counter() - started
+    shell.payload_manager.write_payload({"source": RESET_PAYLOAD_SOURCE, **report}, single=False)

@@ -325,8 +325,13 @@ class Kernel:
         metadata: Mapping[str, Any] | None = None,
         buffers: Sequence[bytes | memoryview] = (),
         on_output: OutputCallback | None = None,
+        reset_after: bool = False,
     ) -> ExecuteResult:
-        """Run ``code`` and wait for its reply and idle status, or raise at the deadline."""
+        """Run ``code`` and wait for its reply and idle status, or raise at the deadline.
+
+        ``reset_after``: the kernel resets itself right after ``code``, before replying; the
+        verdict is :attr:`ExecuteResult.reset_problems`.
+        """
         if self.died.is_set():
             raise KernelDied(self._exit_code)
         started = time.monotonic()
@@ -340,6 +345,8 @@ class Kernel:
         }
         msg = self._kc.session.msg("execute_request", content)
         msg["metadata"] = dict(metadata or {})
+        if reset_after:
+            msg["metadata"]["kernel_pool"] = {"reset": True}
         self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
         msg_id = msg["header"]["msg_id"]
         outputs: list[Output] = []

@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import ExecutionTimeout, KernelDied
 from .kernel import Kernel, OutputCallback
-from .messages import ExecuteResult, Output
+from .messages import ExecuteResult, InlineReset, Output
 
 
 class RetireReason(enum.Enum):
@@ -29,11 +29,14 @@ class RetireReason(enum.Enum):
 class Lease:
     """Exclusive use of one ready kernel until the ``async with`` block ends."""
 
-    def __init__(self, kernel: Kernel, wait_seconds: float) -> None:
+    def __init__(self, kernel: Kernel, wait_seconds: float, *, reusable: bool = True) -> None:
         self._kernel = kernel
         self.wait_seconds = wait_seconds
         self.retire_reason: RetireReason | None = None
         self._in_flight = False
+        self._reusable = reusable  # False: the kernel is replaced after this lease anyway
+        self.inline_reset: InlineReset | None = None
+        """The verdict of a ``reset_after`` execution, while it is the lease's last message."""
 
     @property
     def kernel_id(self) -> str:
@@ -69,15 +72,23 @@ class Lease:
         metadata: Mapping[str, Any] | None = None,
         buffers: Sequence[bytes | memoryview] = (),
         on_output: OutputCallback | None = None,
+        last: bool = False,
     ) -> ExecuteResult:
         """Execute ``code`` until ``deadline`` (a ``time.monotonic()`` value).
 
         Raises :class:`ExecutionTimeout` (after interrupt, grace and kill) or
         :class:`KernelDied`; either way the kernel is retired when the lease ends. If the
         caller is cancelled mid-execution the kernel is retired too.
+
+        ``last=True`` says nothing else will run on this lease: the kernel resets itself
+        right after ``code``, in the same round trip, and goes straight back to the pool
+        when the lease ends (if that reset reports anything, the pool's full reset runs).
+        The reply then carries no ``traceback``: a failure's traceback is in the IOPub
+        ``error`` output.
         """
+        reset_after = last and self._reusable
         with self._tracked():
-            return await self._kernel.execute(
+            result = await self._kernel.execute(
                 code,
                 deadline=deadline,
                 silent=silent,
@@ -86,7 +97,11 @@ class Lease:
                 metadata=metadata,
                 buffers=buffers,
                 on_output=on_output,
+                reset_after=reset_after,
             )
+        if reset_after:
+            self.inline_reset = result.reset_report
+        return result
 
     async def send(
         self,
@@ -111,6 +126,7 @@ class Lease:
         the pool retires the kernel when the lease ends.
         """
         self._in_flight = True
+        self.inline_reset = None  # whatever runs now comes after any earlier reset
         try:
             yield
         except ExecutionTimeout:

@@ -2,8 +2,9 @@
 
 Invariants:
 - a lease only ever gets a kernel in state IDLE, which no one else holds;
-- every lease ends in exactly one of: reset in the background and reused, or retired
-  (killed in the background and replaced);
+- every lease ends in exactly one of: reset and reused, or retired (killed in the
+  background and replaced). The reset runs in the kernel with the lease's last cell when the
+  caller says which cell is last (``execute(..., last=True)``), else in the background;
 - the pool never runs more than ``config.target_kernels`` kernels, and never restarts in a
   tight loop (failed starts back off exponentially).
 """
@@ -25,6 +26,7 @@ from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
+from .messages import InlineReset
 from .processes import native_kernelspec_dir
 from .stats import PoolStats, StatsRecorder
 
@@ -120,7 +122,7 @@ class Pool:
         """
         started = time.monotonic()
         kernel = await self._acquire(None if wait_seconds is None else started + wait_seconds)
-        lease = Lease(kernel, time.monotonic() - started)
+        lease = Lease(kernel, time.monotonic() - started, reusable=self._reusable(kernel))
         self._stats.leased(lease.wait_seconds)
         try:
             yield lease
@@ -173,9 +175,20 @@ class Pool:
         reason = self._retire_reason(kernel, lease)
         if reason is not None:
             self._retire(kernel, reason)
+            return
+        kernel.state = KernelState.RESETTING
+        inline = lease.inline_reset
+        if inline is not None:
+            self._spawn(self._return_after_inline_reset(kernel, inline))
         else:
-            kernel.state = KernelState.RESETTING
             self._spawn(self._reset_and_return(kernel))
+
+    def _reusable(self, kernel: Kernel) -> bool:
+        """Whether ``kernel`` may serve another lease after the next one (policy only)."""
+        if self.config.recycle is RecyclePolicy.FRESH:
+            return False
+        max_uses = self.config.max_uses
+        return max_uses is None or kernel.uses + 1 < max_uses
 
     def _retire_reason(self, kernel: Kernel, lease: Lease) -> RetireReason | None:
         if lease.retire_reason is not None:
@@ -197,6 +210,19 @@ class Pool:
         except PoolError as exc:
             problems = [f"reset did not complete: {exc}"]
         self._stats.reset_done(time.monotonic() - started)
+        await self._return_if_clean(kernel, problems)
+
+    async def _return_after_inline_reset(self, kernel: Kernel, inline: InlineReset) -> None:
+        """The kernel reset itself with the lease's last cell; add what it cannot see from
+        inside (processes it started), then judge it like a full reset."""
+        self._stats.reset_done(inline.seconds, inline=True)
+        problems = list(inline.problems)
+        stray = kernel.stray_children()
+        if stray:
+            problems.append(f"{len(stray)} child process(es) still running")
+        await self._return_if_clean(kernel, problems)
+
+    async def _return_if_clean(self, kernel: Kernel, problems: list[str]) -> None:
         if kernel.died.is_set():
             self._retire(kernel, RetireReason.DIED)
         elif problems:

@@ -48,6 +48,8 @@ class PoolStats:
     last_start_error: str | None
     closing: bool
     gpu_slots: tuple[str, ...] = field(default=())
+    inline_resets: int = 0
+    """Resets the kernel ran in the same round trip as the lease's last cell (of ``reset``)."""
     busy_slots: tuple[str, ...] = field(default=())
     """GPU slots of the kernels currently leased."""
 
@@ -67,6 +69,7 @@ class StatsRecorder:
         self._leases = 0
         self._lease_wait = DurationSummary()
         self._reset = DurationSummary()
+        self._inline_resets = 0
         self._start = DurationSummary()
         self._retirements: Counter[str] = Counter()
         self._start_failures = 0
@@ -76,8 +79,9 @@ class StatsRecorder:
         self._leases += 1
         self._lease_wait = self._lease_wait.add(wait_seconds)
 
-    def reset_done(self, seconds: float) -> None:
+    def reset_done(self, seconds: float, *, inline: bool = False) -> None:
         self._reset = self._reset.add(seconds)
+        self._inline_resets += inline
 
     def started(self, seconds: float) -> None:
         self._start = self._start.add(seconds)
@@ -113,5 +117,6 @@ class StatsRecorder:
             last_start_error=self._last_start_error,
             closing=closing,
             gpu_slots=config.gpu_slots,
+            inline_resets=self._inline_resets,
             busy_slots=busy_slots,
         )

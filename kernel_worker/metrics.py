@@ -44,6 +44,11 @@ class _PoolCollector(Collector):
             retired.add_metric([reason], count)
         yield retired
         yield CounterMetricFamily(
+            f"{_PREFIX}_inline_resets",
+            "Resets a kernel ran in the same round trip as the cell (no second one needed)",
+            stats.inline_resets,
+        )
+        yield CounterMetricFamily(
             f"{_PREFIX}_kernel_start_failures", "Kernel starts that failed", stats.start_failures
         )
         for name, summary, text in (

@@ -42,7 +42,15 @@ def test_metrics_are_token_gated_and_count_executions(observed: WorkerProcess) -
         run_ok(c, "x = 1")
         read = execute(c, "raise ValueError('no')")
         assert read.status_code == 200
-        after = c.get("/metrics").text
+        deadline = time.monotonic() + 10
+        while True:  # the second cell's kernel goes back to the pool after the answer
+            after = c.get("/metrics").text
+            resets = _metric(after, "strata_kernel_worker_inline_resets_total")
+            if resets >= _metric(before, "strata_kernel_worker_inline_resets_total") + 2:
+                break
+            assert time.monotonic() < deadline, after
+            time.sleep(0.05)
+    assert _metric(after, "strata_kernel_worker_reset_seconds_count") >= 2
     assert "strata_kernel_worker_kernels{state=\"idle\"}" in after or "state=\"resetting\"" in after
     name = 'strata_kernel_worker_execution_seconds_count{outcome="success"}'
     assert _metric(after, name) == _metric(before, name) + 1

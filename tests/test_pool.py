@@ -31,10 +31,21 @@ def stdout_of(result: object) -> str:
     return "".join(o.content.get("text", "") for o in outputs if o.msg_type == "stream")
 
 
-async def run(lease: Lease, code: str, timeout: float = 20.0) -> str:
-    result = await lease.execute(code, deadline=time.monotonic() + timeout)
+async def run(lease: Lease, code: str, timeout: float = 20.0, *, last: bool = False) -> str:
+    result = await lease.execute(code, deadline=time.monotonic() + timeout, last=last)
     assert result.ok, result.reply
     return stdout_of(result)
+
+
+@pytest.fixture(params=[False, True], ids=["reset-after-lease", "reset-with-last-cell"])
+def last(request: pytest.FixtureRequest) -> bool:
+    """Whether the lease's last cell asks the kernel to reset in the same round trip."""
+    return bool(request.param)
+
+
+def assert_reset_path(pool: Pool, last: bool, leases: int = 1) -> None:
+    """Every lease ended by the path under test (inline with the last cell, or a full one)."""
+    assert pool.stats().inline_resets == (leases if last else 0), pool.stats()
 
 
 async def settle(pool: Pool, *, idle: int, timeout: float = 30.0) -> None:
@@ -68,7 +79,7 @@ async def test_lease_executes_and_preload_is_warm(pool: Pool) -> None:
     assert pool.stats().leases_served == 1
 
 
-async def test_reset_isolates_consecutive_leases(pool: Pool) -> None:
+async def test_reset_isolates_consecutive_leases(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
         await run(lease, (
@@ -81,8 +92,9 @@ async def test_reset_isolates_consecutive_leases(pool: Pool) -> None:
             "import matplotlib; matplotlib.use('Agg')\n"
             "import matplotlib.pyplot as plt; plt.figure()\n"
             "1 + 1\n"
-        ))  # fmt: skip
+        ), last=last)  # fmt: skip
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     # the preloaded name was replaced: this kernel may not be reused
     async with pool.lease() as lease:
         assert lease.kernel_id != first
@@ -94,12 +106,14 @@ async def test_reset_isolates_consecutive_leases(pool: Pool) -> None:
     assert out == "False False False {'weights': [1, 2, 3]} ''\n"
 
 
-async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool) -> None:
+async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
         cwd = await run(lease, "import os\nprint(os.getcwd())")
-        await run(lease, "import os, tempfile\nos.chdir(tempfile.gettempdir())\nx = [0] * 10")
+        code = "import os, tempfile\nos.chdir(tempfile.gettempdir())\nx = [0] * 10"
+        await run(lease, code, last=last)
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     async with pool.lease() as lease:
         assert lease.kernel_id == first
         assert await run(lease, "import os\nprint(os.getcwd())") == cwd
@@ -109,28 +123,32 @@ async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool) -> None:
     assert stats.retirements["failed_reset"] == 0
 
 
-async def test_thread_left_running_retires_the_kernel(pool: Pool) -> None:
+async def test_thread_left_running_retires_the_kernel(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
         await run(
             lease,
             "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
+            last=last,
         )
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     assert pool.stats().retirements["failed_reset"] == 1
     async with pool.lease() as lease:
         assert lease.kernel_id != first
 
 
-async def test_child_process_left_running_retires_the_kernel(pool: Pool) -> None:
+async def test_child_process_left_running_retires_the_kernel(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
         out = await run(
             lease,
             "import subprocess, sys\np = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\nprint(p.pid)",
+            last=last,
         )
         child = int(out)
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     assert pool.stats().retirements["failed_reset"] == 1
     async with pool.lease() as lease:
         assert lease.kernel_id != first
@@ -369,7 +387,7 @@ async def test_comm_messages_reach_in_kernel_code() -> None:
         assert bytes(answers[0].buffers[0]) == b"cba"
 
 
-async def test_reset_undoes_interpreter_level_changes(pool: Pool) -> None:
+async def test_reset_undoes_interpreter_level_changes(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
         await run(lease, (
@@ -382,8 +400,9 @@ async def test_reset_undoes_interpreter_level_changes(pool: Pool) -> None:
             "sys.stdout = io.StringIO()\n"
             "devnull = os.open(os.devnull, os.O_WRONLY)\n"
             "os.dup2(devnull, 2)\n"
-        ))  # fmt: skip
+        ), last=last)  # fmt: skip
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     async with pool.lease() as lease:
         assert lease.kernel_id == first  # restored, not retired
         out = await run(lease, (
@@ -395,11 +414,52 @@ async def test_reset_undoes_interpreter_level_changes(pool: Pool) -> None:
     assert out == "False [1] False module\n"
 
 
-async def test_large_outputs_do_not_make_a_kernel_unclean(pool: Pool) -> None:
+async def test_large_outputs_do_not_make_a_kernel_unclean(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
-        await run(lease, "print('x' * 300_000)")
+        await run(lease, "print('x' * 300_000)", last=last)
     await settle(pool, idle=1)
+    assert_reset_path(pool, last)
     assert pool.stats().retirements["failed_reset"] == 0
     async with pool.lease() as lease:
         assert lease.kernel_id == first
+
+
+async def test_last_cell_reset_is_dropped_when_more_runs_after_it(pool: Pool) -> None:
+    """A lease used again after its "last" cell gets the full reset (the inline one is stale)."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "a = 1", last=True)
+        await run(lease, "leaked = 2")
+    await settle(pool, idle=1)
+    assert_reset_path(pool, False)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, "print('a' in dir(), 'leaked' in dir())") == "False False\n"
+
+
+async def test_last_cell_reset_reports_in_the_reply_and_keeps_the_error(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        result = await lease.execute(
+            "doomed = 1\nraise ValueError('boom')", deadline=time.monotonic() + 20, last=True
+        )
+        assert not result.ok
+        assert (result.reply["ename"], result.reply["evalue"]) == ("ValueError", "boom")
+        errors = [o for o in result.outputs if o.msg_type == "error"]
+        assert errors and "boom" in "".join(errors[0].content["traceback"])
+        assert result.reset_report is not None and result.reset_report.problems == ()
+        assert lease.inline_reset == result.reset_report
+    await settle(pool, idle=1)
+    assert pool.stats().inline_resets == 1
+    async with pool.lease() as lease:
+        out = await run(lease, "import sys\nprint('doomed' in dir(), hasattr(sys, 'last_value'))")
+    assert out == "False False\n"
+
+
+async def test_policies_that_replace_the_kernel_skip_the_last_cell_reset() -> None:
+    async with Pool(PoolConfig(size=1, max_uses=1)) as pool:
+        async with pool.lease(wait_seconds=30) as lease:
+            result = await lease.execute("x = 1", deadline=time.monotonic() + 20, last=True)
+            assert result.reset_report is None
+        assert pool.stats().retirements["max_uses"] == 1
+        assert pool.stats().inline_resets == 0
