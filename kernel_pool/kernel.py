@@ -42,6 +42,10 @@ _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
 _KERNEL_ARGS = (
     "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
     "--IPKernelApp.capture_fd_output=True",
+    # ipykernel sleeps 0.5 ms after every execution so that late output reaches clients that
+    # stop reading at the reply; the pool reads until the IOPub idle status, which comes after
+    # every output of the execution, so the sleep only adds latency
+    "--Kernel._execute_sleep=0",
 )
 _ids = itertools.count(1)
 
