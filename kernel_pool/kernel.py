@@ -33,7 +33,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
 from .messages import ExecuteResult, Output
-from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity
+from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity, threads_of
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,7 @@ class Kernel:
         self._pidfd: int | None = None
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
+        self._infrastructure_threads: frozenset[int] = frozenset()
         self._identity = kernel_identity(config)
         self._kernel_dir = private_dir / self.kernel_id
         self._kernel_dir.mkdir(mode=0o700)
@@ -236,6 +237,10 @@ class Kernel:
             await self._startup_step("preload", self._config.preload, deadline)
         await self._call_helper("capture()", deadline)
         self._baseline_children = frozenset(self._child_pids())
+        if self.pid is not None:
+            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
+            # code: after each cell only the main thread and newer threads are looked at
+            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
 
     async def _startup_step(self, what: str, code: str, deadline: float) -> None:
         result = await self.execute(code, deadline=deadline, silent=True, store_history=False)
@@ -313,8 +318,16 @@ class Kernel:
         return int(total)
 
     def stray_children(self) -> list[int]:
-        """Processes started since the baseline that are still alive."""
-        return [pid for pid in self._child_pids() if pid not in self._baseline_children]
+        """Processes started since the baseline that are still alive.
+
+        Children of the kernel's infrastructure threads are not looked for: cells run in
+        the main thread (a thread a cell started is a new thread, and when it ends its
+        children pass to the main thread).
+        """
+        if self.pid is None:
+            return []
+        found = descendants(self.pid, skip_threads=self._infrastructure_threads)
+        return [pid for pid in found if pid not in self._baseline_children]
 
     # -- execution ---------------------------------------------------------------------------------
 

@@ -463,3 +463,29 @@ async def test_policies_that_replace_the_kernel_skip_the_last_cell_reset() -> No
             assert result.reset_report is None
         assert pool.stats().retirements["max_uses"] == 1
         assert pool.stats().inline_resets == 0
+
+
+async def test_child_process_started_by_a_finished_thread_retires_the_kernel(
+    pool: Pool, last: bool
+) -> None:
+    """A thread that started a process and ended hands it to the main thread: still found."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        out = await run(lease, (
+            "import subprocess, sys, threading\n"
+            "box = []\n"
+            "def spawn():\n"
+            "    box.append(subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']))\n"
+            "t = threading.Thread(target=spawn)\n"
+            "t.start(); t.join()\n"
+            "print(box[0].pid)\n"
+        ), last=last)  # fmt: skip
+        child = int(out)
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 1
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+    deadline = time.monotonic() + 10
+    while alive(child):
+        assert time.monotonic() < deadline, "the cell's child process survived its kernel"
+        await asyncio.sleep(0.05)
