@@ -27,12 +27,13 @@ from typing import Any
 
 import psutil
 import zmq
+import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
-from .messages import ExecuteResult, Output
+from .messages import ExecuteResult, Output, decode
 from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity, threads_of
 
 log = logging.getLogger(__name__)
@@ -184,8 +185,8 @@ class Kernel:
         await self._wait_ready()
         self._forget_connection_file()
         self._pumps = [
-            asyncio.create_task(self._pump(self._kc.get_shell_msg, "shell")),
-            asyncio.create_task(self._pump(self._kc.get_iopub_msg, "iopub")),
+            asyncio.create_task(self._pump(self._kc.shell_channel.socket, "shell")),
+            asyncio.create_task(self._pump(self._kc.iopub_channel.socket, "iopub")),
         ]
 
     def _forget_connection_file(self) -> None:
@@ -290,10 +291,11 @@ class Kernel:
             if self._on_death is not None and self.state is not KernelState.STOPPED:
                 self._on_death(self)
 
-    async def _pump(self, get: Callable[[], Any], channel: str) -> None:
+    async def _pump(self, socket: zmq.asyncio.Socket, channel: str) -> None:
+        auth = self._kc.session.auth
         while True:
             try:
-                msg = await get()
+                msg = decode(await socket.recv_multipart(), auth)
             except asyncio.CancelledError:
                 raise
             except zmq.ZMQError:  # a torn-down socket ends the pump; death is reported apart
