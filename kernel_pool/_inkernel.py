@@ -15,6 +15,8 @@ round trip instead of two.
 """
 
 import gc
+import itertools
+import operator
 import os
 import sys
 import threading
@@ -109,16 +111,18 @@ def capture():
     _baseline.update(
         names=dict(ns),
         environ=dict(os.environ),
+        environ_data=dict(_environ_data()),
         cwd=os.getcwd(),
         path=list(sys.path),
         threads=frozenset(t.ident for t in threading.enumerate()),
         history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
         modules=dict(sys.modules),
         module_dicts={
-            name: dict(sys.modules[name].__dict__)
+            name: _Snapshot(sys.modules[name].__dict__)
             for name in _GUARDED_MODULES
             if name in sys.modules
         },
+        module_table=_Snapshot(sys.modules),
         sys_hooks={name: getattr(sys, name, _MISSING) for name in _SYS_HOOKS},
         meta_path=list(sys.meta_path),
         path_hooks=list(sys.path_hooks),
@@ -155,16 +159,54 @@ def _save_fds():
     return saved
 
 
+class _Snapshot:
+    """A dict's keys and values at baseline, to tell cheaply (in C) whether it still holds
+    exactly them: same objects (``is``, never ``==``, which a cell's object could fake)."""
+
+    __slots__ = ("items", "keys", "values")
+
+    def __init__(self, mapping):
+        self.items = dict(mapping)
+        self.keys = tuple(self.items)
+        self.values = tuple(self.items.values())
+
+    def unchanged(self, current, *, exact):
+        """``current`` starts with the baseline entries, same objects, in the same order
+        (``exact``: and has nothing else)."""
+        count = len(self.keys)
+        if len(current) < count or (exact and len(current) != count):
+            return False
+        return all(map(operator.is_, itertools.islice(current, count), self.keys)) and all(
+            map(operator.is_, itertools.islice(current.values(), count), self.values)
+        )
+
+
+def _environ_data():
+    """The environment as the OS sees it (bytes, no decoding), where ``os`` exposes it."""
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else {}
+
+
+def _environ_unchanged():
+    data = _environ_data()
+    if data:
+        return data == _baseline["environ_data"]  # bytes keys and values: nothing to fake
+    return dict(os.environ) == _baseline["environ"]
+
+
 def _restore_core_modules():
     """Undo monkeypatches of the core modules (the kernel's own messaging uses them)."""
     for name, snapshot in _baseline["module_dicts"].items():
         module = _baseline["modules"][name]
         current = module.__dict__
-        for key, value in snapshot.items():
+        exact = name == "builtins"
+        if snapshot.unchanged(current, exact=exact):
+            continue
+        for key, value in snapshot.items.items():
             if current.get(key, _MISSING) is not value:
                 current[key] = value
-        if name == "builtins":
-            for key in [k for k in current if k not in snapshot]:
+        if exact:
+            for key in [k for k in current if k not in snapshot.items]:
                 del current[key]
 
 
@@ -177,9 +219,10 @@ def _restore_interpreter(problems):
     sys.meta_path[:] = _baseline["meta_path"]
     sys.path_hooks[:] = _baseline["path_hooks"]
     modules = sys.modules
-    for name, module in _baseline["modules"].items():
-        if modules.get(name, _MISSING) is not module:
-            modules[name] = module
+    if not _baseline["module_table"].unchanged(modules, exact=False):
+        for name, module in _baseline["modules"].items():
+            if modules.get(name, _MISSING) is not module:
+                modules[name] = module
     for fd, (copy, identity) in _baseline["fds"].items():
         if _fd_identity(fd) != identity:
             try:
@@ -230,7 +273,7 @@ def _clear_caches(shell):
 
 
 def _restore_process_state(problems):
-    if dict(os.environ) != _baseline["environ"]:
+    if not _environ_unchanged():
         os.environ.clear()
         os.environ.update(_baseline["environ"])
     try:
@@ -252,7 +295,7 @@ def _verify(ns, problems):
         problems.append("namespace differs from the baseline after reset")
     elif any(ns[name] is not obj for name, obj in names.items()):
         problems.append("a baseline name is bound to another object after reset")
-    if dict(os.environ) != _baseline["environ"]:
+    if not _environ_unchanged():
         problems.append("environment differs from the baseline")
     if list(sys.path) != _baseline["path"]:
         problems.append("sys.path differs from the baseline")

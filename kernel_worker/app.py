@@ -33,7 +33,7 @@ from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
 from .routes import OPENAPI_COMPONENTS, router
-from .settings import Settings
+from .settings import Settings, memory_backed
 from .state import WorkerState
 from .url_safety import UrlPolicy, guarded_client
 
@@ -84,7 +84,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     owner = _kernel_owner(settings.kernel_user)
     if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
         settings = replace(settings, run_root=_private_run_root(settings.run_root))
-    context = ExecutionContext(hardware_report(), settings.console_cap, owner)
+    run_root = settings.run_root if settings.run_root is not None else Path(tempfile.gettempdir())
+    context = ExecutionContext(
+        hardware_report(), settings.console_cap, owner, inline_io=memory_backed(run_root)
+    )
     metrics = WorkerMetrics(
         pool, lambda: {"queue_depth": jobs.queued, "active_executions": state.active_executions}
     )

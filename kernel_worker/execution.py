@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
 
@@ -31,6 +31,8 @@ from .errors import CellTimedOut, KernelCrashed
 from .messages import JupyterDisplay, OutputReducer
 
 log = logging.getLogger(__name__)
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 _MIME_EXTENSIONS = {
     "image/png": ".png",
@@ -51,11 +53,13 @@ ConsoleListener = Callable[[str, str], None]
 _BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(eq=False, slots=True)
 class RunDir:
     """The per-request directory layout (everything the request touches lives here)."""
 
     root: Path
+    received_bytes: int = 0
+    """Request bytes staged into it (a hint of how much there is to remove)."""
 
     @property
     def inputs(self) -> Path:
@@ -134,6 +138,20 @@ class ExecutionContext:
     console_cap: int
     kernel_owner: tuple[int, int] | None = None
     """(uid, gid) of the kernels when they run as another user: they get the run dir."""
+    inline_io: bool = False
+    """Run directories are on a memory filesystem: small file work runs inline (see offload)."""
+
+
+SMALL_IO_BYTES = 256 * 1024
+"""File work on at most this many bytes of a memory-backed run dir runs on the event loop."""
+
+
+async def offload(inline: bool, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
+    """Run blocking file work: inline when ``inline`` (a few small files on a memory
+    filesystem, where a thread hop costs more than the work itself), else in a thread."""
+    if inline:
+        return fn(*args, **kwargs)
+    return await asyncio.to_thread(fn, *args, **kwargs)
 
 
 def hand_over(root: Path, owner: tuple[int, int]) -> None:
@@ -233,9 +251,15 @@ async def run_cell(
             f"The kernel running the cell died (exit status {exc.exit_code})"
         ) from None
     duration_ms = int((time.monotonic() - started) * 1000)
-    return await asyncio.to_thread(
-        _outcome, result, reducer, run_dir, context, duration_ms, folders
-    )
+    small = context.inline_io and not reducer.displays and _size(run_dir.report) <= SMALL_IO_BYTES
+    return await offload(small, _outcome, result, reducer, run_dir, context, duration_ms, folders)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _teeing(reducer: OutputReducer, console: ConsoleListener) -> Callable[[Output], None]:

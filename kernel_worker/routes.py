@@ -20,7 +20,7 @@ from . import __version__
 from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import BadRequest, NotFound, error_response, status_for
-from .execution import RunDir
+from .execution import SMALL_IO_BYTES, RunDir, offload
 from .jobs import Job
 from .mounts import cached_bytes
 from .pull import submit_manifest
@@ -234,7 +234,7 @@ async def notebook_execute(request: Request) -> Response:
 
 async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
     state = _state(request)
-    run_dir = await asyncio.to_thread(RunDir.make, state.settings.run_root)
+    run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
     root = run_dir.root
     try:
         cell = await _receive(request, parse, run_dir, state)
@@ -273,8 +273,14 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
     """
     if not state.jobs.claim(job):
         raise NotFound("Unknown or expired job")
-    cleanup = BackgroundTask(shutil.rmtree, job.run_dir.root, True)
     result = job.result
+    # a run whose bundle fit in memory left only small files: removing them inline is cheaper
+    small = (
+        state.context.inline_io
+        and isinstance(result, bytes)
+        and job.run_dir.received_bytes <= SMALL_IO_BYTES
+    )
+    cleanup = BackgroundTask(offload, small, shutil.rmtree, job.run_dir.root, True)
     if isinstance(result, bytes):
         return Response(
             result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
@@ -324,19 +330,24 @@ async def _receive(
     state: WorkerState,
 ) -> CellRequest:
     staged = await stage_multipart(
-        _counted(request.stream(), state),
+        _counted(request.stream(), state, run_dir),
         request.headers.get("content-type", ""),
         run_dir.inputs,
         max_part_bytes=state.settings.max_input_bytes,
     )
     cell = parse(staged.metadata)
-    await asyncio.to_thread(bind_inputs, cell, staged, run_dir.inputs)
+    # renames only: a thread is worth it on a disk, or for many of them
+    inline = state.context.inline_io and len(staged.parts) <= 4
+    await offload(inline, bind_inputs, cell, staged, run_dir.inputs)
     return cell
 
 
-async def _counted(chunks: AsyncIterator[bytes], state: WorkerState) -> AsyncIterator[bytes]:
+async def _counted(
+    chunks: AsyncIterator[bytes], state: WorkerState, run_dir: RunDir
+) -> AsyncIterator[bytes]:
     async for chunk in chunks:
         state.metrics.bytes_in.inc(len(chunk))
+        run_dir.received_bytes += len(chunk)
         yield chunk
 
 

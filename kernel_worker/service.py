@@ -21,7 +21,7 @@ from kernel_pool import PoolClosed
 from .bundle import CellOutcome, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
-from .execution import ConsoleListener, RunDir, run_cell
+from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
 from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
@@ -110,9 +110,15 @@ async def execute_to_bundle(
             outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
         if after_cell is not None:
             outcome = await after_cell(outcome)
-        bundle = await asyncio.to_thread(
-            _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit
-        )
+        # a few small files on a memory-backed run dir: cheaper to bundle than to hand over
+        payload = None
+        if state.context.inline_io and not outcome.output_dirs:
+            payload = _payload_bytes(run_dir, outcome)
+        bundle = await offload(
+            payload is not None and payload <= SMALL_IO_BYTES,
+            _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit,
+            payload,
+        )  # fmt: skip
         size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
         state.metrics.bytes_out.inc(size)
         return bundle
@@ -174,10 +180,18 @@ async def execute_to_bundle_file(
 
 
 def _write(
-    run_dir: RunDir, outcome: CellOutcome, compresslevel: int | None, in_memory_limit: int
+    run_dir: RunDir,
+    outcome: CellOutcome,
+    compresslevel: int | None,
+    in_memory_limit: int,
+    payload: int | None = None,
 ) -> Path | bytes:
-    """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``."""
-    payload = _payload_bytes(run_dir, outcome)
+    """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``.
+
+    ``payload``: the bytes it will hold, when already counted (see _payload_bytes).
+    """
+    if payload is None:
+        payload = _payload_bytes(run_dir, outcome)
     level = compresslevel if compresslevel is not None else _auto_level(payload)
     if payload < in_memory_limit:
         buffer = io.BytesIO()

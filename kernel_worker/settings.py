@@ -127,3 +127,32 @@ def default_run_root() -> Path | None:
         return None
     room = stats.f_bavail * stats.f_frsize
     return shm if room >= _MIN_TMPFS_BYTES and os.access(shm, os.W_OK) else None
+
+
+_MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
+
+
+def memory_backed(path: Path) -> bool:
+    """Whether ``path`` lives on a memory filesystem (tmpfs, ramfs), per ``/proc/self/mountinfo``.
+
+    There, creating, writing and removing a few small files takes microseconds and can never
+    wait for a disk, so the worker does it inline instead of paying a thread hop.
+    """
+    try:
+        target = os.path.realpath(path)
+        with open("/proc/self/mountinfo", encoding="utf-8") as fh:
+            mounts = fh.read().splitlines()
+    except OSError:
+        return False
+    best, fstype = "", ""
+    for line in mounts:
+        fields = line.split(" ")
+        try:
+            point = fields[4].replace("\\040", " ")
+            kind = fields[fields.index("-") + 1]
+        except (IndexError, ValueError):
+            continue
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, fstype = point, kind
+    return fstype in _MEMORY_FILESYSTEMS

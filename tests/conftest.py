@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,10 @@ import httpx
 import psutil
 import pytest
 
+from kernel_worker.settings import memory_backed
+
 ROOT = Path(__file__).resolve().parent.parent
+SHM = Path("/dev/shm")
 _INTEROP_VENV_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
 if "STRATA_INTEROP_PYTHON" not in os.environ and _INTEROP_VENV_PYTHON.exists():
     # the environment scripts/interop-env.sh builds: interop tests use it when present
@@ -76,10 +81,17 @@ class WorkerProcess:
     """A ``strata-kernel-worker`` started as a real process on loopback."""
 
     def __init__(
-        self, args: list[str], env: dict[str, str], run_dir: Path, log_file: Path | None = None
+        self,
+        args: list[str],
+        env: dict[str, str],
+        run_dir: Path,
+        log_file: Path | None = None,
+        *,
+        owns_run_dir: bool = False,
     ) -> None:
         self.port = free_port()
         self.run_dir = run_dir
+        self._owns_run_dir = owns_run_dir  # a folder outside pytest's tmp dirs: removed by stop()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1",
                "--port", str(self.port), "--run-dir", str(run_dir), "--log-level", "warning", *args]  # fmt: skip
@@ -132,6 +144,8 @@ class WorkerProcess:
                 psutil.Process(pid).kill()
                 raise AssertionError(f"kernel process {pid} outlived its worker")
         leftovers = list(self.run_dir.glob("skw-run-*"))
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
         assert not leftovers, f"run directories left behind: {leftovers}"
 
 
@@ -142,14 +156,19 @@ def start_worker(
     capture_logs: bool = False,
     run_dir: Path | None = None,
 ) -> WorkerProcess:
-    run_dir = run_dir if run_dir is not None else tmp_path_factory.mktemp("runs")
-    log_file = run_dir.parent / f"{run_dir.name}.log" if capture_logs else None
+    owns_run_dir = False
+    if run_dir is None:  # like the worker's own default: a memory filesystem when there is one
+        if memory_backed(SHM) and os.access(SHM, os.W_OK):
+            run_dir, owns_run_dir = Path(tempfile.mkdtemp(prefix="skw-test-", dir=SHM)), True
+        else:
+            run_dir = tmp_path_factory.mktemp("runs")
+    log_file = tmp_path_factory.mktemp("logs") / "worker.log" if capture_logs else None
     full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline"}
     full_env.update(env or {})
     full_env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel stops capturing fd output under it
     if "--queue-wait" not in args:  # slow CI machines: wait inline rather than answer 202
         args = (*args, "--queue-wait", "30")
-    worker = WorkerProcess(list(args), full_env, run_dir, log_file)
+    worker = WorkerProcess(list(args), full_env, run_dir, log_file, owns_run_dir=owns_run_dir)
     try:
         worker.wait_ready()
     except BaseException:

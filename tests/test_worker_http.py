@@ -5,9 +5,11 @@ from __future__ import annotations
 import io
 import json
 import pickle
+import subprocess
 import tarfile
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import cloudpickle
 import httpx
@@ -625,3 +627,38 @@ def test_every_route_but_health_is_token_gated(guarded: WorkerProcess, method: s
         assert wrong.json()["detail"] == "Invalid worker token"
         for open_path in ("/health", "/openapi.json", "/docs"):
             assert c.get(open_path).status_code == 200
+
+
+# -- run directories on a disk (file work in threads) ------------------------------------------
+
+
+def test_memory_backed_agrees_with_stat(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from kernel_worker.settings import memory_backed
+
+    for path in (Path("/dev/shm"), tmp_path_factory.getbasetemp(), Path("/proc"), Path("/")):
+        if not path.exists():
+            continue
+        kind = subprocess.run(
+            ["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        assert memory_backed(path) == (kind in ("tmpfs", "ramfs")), (path, kind)
+
+
+def test_worker_with_run_dirs_on_disk(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The same answers when run dirs are on a disk (the file work then runs in threads)."""
+    disk = tmp_path_factory.mktemp("disk-runs")
+    w = start_worker(tmp_path_factory, "--pool-size", "1", run_dir=disk)
+    try:
+        with httpx.Client(base_url=w.url, timeout=120) as c:
+            assert run_ok(c, "result = 41 + 1").variables["result"]["preview"] == 42
+            table = pa.table({"x": list(range(1000))})
+            spec = {"name": "df", "format": "arrow/ipc", "file": "df.arrow"}
+            bundle = run_ok(c, "total = int(df['x'].sum())", [(spec, arrow_stream(table))])
+            assert bundle.variables["total"]["preview"] == 499500
+            big = run_ok(c, "import pandas as pd\nout = pd.DataFrame({'v': range(100_000)})")
+            assert pa.ipc.open_stream(big.file("out")).read_all().num_rows == 100_000
+        deadline = time.monotonic() + 10  # run dirs are removed after each answer
+        while list(disk.glob("skw-run-*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        w.stop()  # asserts that no run directory was left behind
