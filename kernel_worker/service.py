@@ -11,7 +11,9 @@ import asyncio
 import contextlib
 import io
 import os
+import stat
 import time
+import zlib
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -31,6 +33,9 @@ AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
 """Adjusts a finished cell's outcome before it is bundled (e.g. files sent elsewhere)."""
 IN_MEMORY_BUNDLE_BYTES = 1024 * 1024
 COMPRESS_UP_TO_BYTES = 8 * 1024 * 1024
+ALWAYS_COMPRESS_BYTES = 64 * 1024
+_SAMPLE_BYTES = 64 * 1024
+_WORTH_COMPRESSING = 0.8  # a sample must shrink below this fraction of its size
 
 
 def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
@@ -192,7 +197,7 @@ def _write(
     """
     if payload is None:
         payload = _payload_bytes(run_dir, outcome)
-    level = compresslevel if compresslevel is not None else _auto_level(payload)
+    level = compresslevel if compresslevel is not None else _auto_level(run_dir, payload)
     if payload < in_memory_limit:
         buffer = io.BytesIO()
         write_bundle(run_dir.root, outcome, buffer, compresslevel=level)
@@ -213,8 +218,40 @@ def _payload_bytes(run_dir: RunDir, outcome: CellOutcome) -> int:
     return total
 
 
-def _auto_level(payload: int) -> int:
-    """The gzip level, chosen by measurement: level 1 for small bundles; large ones are
-    mostly binary (Arrow, pickles) that barely compress, so they are stored (level 0) and
-    stream at disk speed instead of ~60 MB/s."""
-    return 1 if payload <= COMPRESS_UP_TO_BYTES else 0
+def _auto_level(run_dir: RunDir, payload: int) -> int:
+    """The gzip level, chosen by measurement.
+
+    Small bundles (manifest, console, a few values) get level 1: it costs next to nothing.
+    Past that, level 1 deflates binary outputs (Arrow, pickles, PNG) at only ~60 MB/s and
+    barely shrinks them: a sample of the largest file decides, and bundles over
+    ``COMPRESS_UP_TO_BYTES`` are always stored (level 0) so they stream at memory speed.
+    """
+    if payload <= ALWAYS_COMPRESS_BYTES:
+        return 1
+    if payload > COMPRESS_UP_TO_BYTES:
+        return 0
+    sample = _sample_of_largest(run_dir)
+    if not sample:
+        return 1
+    compressed = len(zlib.compress(sample, 1))
+    return 1 if compressed <= len(sample) * _WORTH_COMPRESSING else 0
+
+
+def _sample_of_largest(run_dir: RunDir) -> bytes:
+    largest, size = "", -1
+    for folder in (run_dir.files, run_dir.display, run_dir.dirs):
+        for dirpath, _dirs, files in os.walk(folder):
+            for name in files:
+                path = os.path.join(dirpath, name)
+                with contextlib.suppress(OSError):
+                    info = os.lstat(path)
+                    if stat.S_ISREG(info.st_mode) and info.st_size > size:
+                        largest, size = path, info.st_size
+    if not largest:
+        return b""
+    try:
+        with open(largest, "rb") as fh:
+            fh.seek(max(0, size // 2 - _SAMPLE_BYTES // 2))  # past any header
+            return fh.read(_SAMPLE_BYTES)
+    except OSError:
+        return b""

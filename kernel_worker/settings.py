@@ -88,7 +88,7 @@ class Settings:
     job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
     bundle_compresslevel: int | None = None
-    """gzip level of bundles; None picks by size (see service._auto_level)."""
+    """gzip level of bundles; None picks by size and a sample (see service._auto_level)."""
     run_root: Path | None = None
     kernel_user: str | None = None
     launch_id: str | None = None

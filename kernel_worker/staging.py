@@ -57,8 +57,13 @@ async def stage_multipart(
     max_part_bytes: int,
     max_metadata_bytes: int = 16 << 20,
     max_parts: int = 1024,
+    direct: bool = False,
 ) -> StagedForm:
     """Receive the whole form from *chunks*, staging each file part into *inputs_dir*.
+
+    ``direct``: *inputs_dir* is on a memory filesystem, where a write cannot wait for a
+    disk: each chunk goes straight to its file as it arrives (one copy, no batching and no
+    thread); otherwise chunks are batched and written in a thread.
 
     Raises:
         BadRequest: Not multipart/form-data, no boundary, malformed framing, a body cut
@@ -70,18 +75,22 @@ async def stage_multipart(
         _boundary(content_type_header),
         inputs_dir,
         _Limits(max_part_bytes, max_metadata_bytes, max_parts),
+        direct=direct,
     )
     epilogue = 0
-    async for chunk in chunks:
-        if parser.finished:
-            # Drain a short epilogue (keeps the connection reusable); never an endless one.
-            epilogue += len(chunk)
-            if epilogue > _MAX_EPILOGUE_BYTES:
-                break
-            continue
-        parser.feed(chunk)
-        for write in parser.pending_writes():
-            await _perform_in_thread(write)
+    try:
+        async for chunk in chunks:
+            if parser.finished:
+                # Drain a short epilogue (keeps the connection reusable); never an endless one.
+                epilogue += len(chunk)
+                if epilogue > _MAX_EPILOGUE_BYTES:
+                    break
+                continue
+            parser.feed(chunk)
+            for write in parser.pending_writes():
+                await _perform_in_thread(write)
+    finally:
+        parser.close()
     return parser.result()
 
 
@@ -207,6 +216,7 @@ class _Part:
     __slots__ = (
         "buffer",
         "created",
+        "fd",
         "field",
         "header_field",
         "header_value",
@@ -224,6 +234,7 @@ class _Part:
         self.buffer = bytearray()
         self.size = 0
         self.created = False  # whether a batch creating the staged file was queued
+        self.fd: int | None = None  # direct mode: the staged file, open while data arrives
 
 
 class _FormParser:
@@ -232,6 +243,7 @@ class _FormParser:
     __slots__ = (
         "_current",
         "_dir",
+        "_direct",
         "_fields",
         "_limits",
         "_metadata",
@@ -242,8 +254,11 @@ class _FormParser:
         "finished",
     )
 
-    def __init__(self, boundary: bytes, inputs_dir: Path, limits: _Limits) -> None:
+    def __init__(
+        self, boundary: bytes, inputs_dir: Path, limits: _Limits, *, direct: bool = False
+    ) -> None:
         self._dir = inputs_dir
+        self._direct = direct
         self._limits = limits
         self._current: _Part | None = None
         self._metadata: bytes | None = None
@@ -282,6 +297,13 @@ class _FormParser:
             self._flush(part)
         writes, self._writes = self._writes, []
         return writes
+
+    def close(self) -> None:
+        """Close the file of a part cut short (direct mode); safe to call more than once."""
+        part = self._current
+        if part is not None and part.fd is not None:
+            os.close(part.fd)
+            part.fd = None
 
     def result(self) -> StagedForm:
         if not self.finished:
@@ -325,6 +347,9 @@ class _FormParser:
         if field != METADATA_FIELD:
             part.path = self._dir / f"{STAGED_PART_PREFIX}{len(self._parts) + 1:04d}"
             self._parts[field] = part.path
+            if self._direct:
+                part.fd = os.open(part.path, _CREATE_FLAGS, 0o666)
+                part.created = True
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
         part = self._part()
@@ -333,12 +358,18 @@ class _FormParser:
         if part.size > cap:
             what = f"Input {part.field!r}" if part.path else "The metadata part"
             raise PayloadTooLarge(f"{what} exceeds the {cap}-byte cap")
-        part.buffer += memoryview(data)[start:end]
+        if part.fd is not None:
+            _write_all(part.fd, memoryview(data)[start:end])
+        else:
+            part.buffer += memoryview(data)[start:end]
 
     def _on_part_end(self) -> None:
         part = self._part()
         if part.path is None:
             self._metadata = bytes(part.buffer)
+        elif part.fd is not None:
+            os.close(part.fd)
+            part.fd = None
         else:
             self._flush(part, final=True)
         self._current = None
@@ -360,6 +391,14 @@ class _FormParser:
             self._writes.append(_Write(part.path, bytes(part.buffer), create=not part.created))
             part.created = True
             part.buffer.clear()
+
+
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _write_all(fd: int, data: memoryview) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _disposition(value: bytes | None) -> tuple[str, bool]:

@@ -104,9 +104,9 @@ def check(
     )
 
 
-def write(run_dir: Path, result: CellOutcome) -> bytes:
+def write(run_dir: Path, result: CellOutcome, level: int = 1) -> bytes:
     buffer = io.BytesIO()
-    write_bundle(run_dir, result, buffer)
+    write_bundle(run_dir, result, buffer, compresslevel=level)
     return buffer.getvalue()
 
 
@@ -114,7 +114,8 @@ def assert_accepted(proc: subprocess.CompletedProcess[str]) -> None:
     assert proc.returncode == ACCEPTED, proc.stderr
 
 
-def test_success_bundle(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", [1, 0], ids=["deflated", "stored"])
+def test_success_bundle(tmp_path: Path, level: int) -> None:
     result = success_outcome()
     # Unpacked, "file" is back to the basename the outcome gave.
     expected_variables = {name: dict(meta) for name, meta in result.variables.items()}
@@ -137,7 +138,7 @@ def test_success_bundle(tmp_path: Path) -> None:
         # The client writes only files/ (flattened); our seed extras stay in the tar.
         "absent": ["outputs", "display", "files", "console.json", "error.json", "0.png"],
     }
-    assert_accepted(check(tmp_path, write(make_run_dir(tmp_path), result), expected))
+    assert_accepted(check(tmp_path, write(make_run_dir(tmp_path), result, level), expected))
 
 
 def test_failure_bundle(tmp_path: Path) -> None:

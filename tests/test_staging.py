@@ -110,11 +110,12 @@ TRICKY = b"--\r\n--boundary\r\n\r\n--" * 50 + b"\r\n"
     [fixed(1), fixed(3), randomly(1, 100), randomly(1, 70_000, seed=3), fixed(1 << 24)],
     ids=["1-byte", "3-bytes", "random-small", "random-large", "whole"],
 )
-async def test_stages_every_part(inputs_dir: Path, size: Callable[[], int]) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["batched", "direct"])
+async def test_stages_every_part(inputs_dir: Path, size: Callable[[], int], direct: bool) -> None:
     body, content_type = encode(
         [meta(), part("df.arrow", PAYLOAD), part("empty.json", b""), part("t.bin", TRICKY)]
     )
-    staged = await stage(body, content_type, inputs_dir, size)
+    staged = await stage(body, content_type, inputs_dir, size, direct=direct)
     assert staged.metadata == METADATA
     assert list(staged.parts) == ["df.arrow", "empty.json", "t.bin"]
     assert [p.name for p in staged.parts.values()] == ["__part_0001", "__part_0002", "__part_0003"]
@@ -146,7 +147,8 @@ async def test_large_part_is_written_in_batches_off_the_event_loop(
     assert not any(on_loop for _, on_loop in writes)
 
 
-async def test_part_over_the_cap_stops_the_read(inputs_dir: Path) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["batched", "direct"])
+async def test_part_over_the_cap_stops_the_read(inputs_dir: Path, direct: bool) -> None:
     body, content_type = encode(
         [
             meta(),
@@ -157,11 +159,38 @@ async def test_part_over_the_cap_stops_the_read(inputs_dir: Path) -> None:
     )
     feeder = Body(body, fixed(100))
     with pytest.raises(PayloadTooLarge) as info:
-        await stage_multipart(feeder.chunks(), content_type, inputs_dir, max_part_bytes=1_000)
+        await stage_multipart(
+            feeder.chunks(), content_type, inputs_dir, max_part_bytes=1_000, direct=direct
+        )
     assert info.value.detail == "Input 'big.bin' exceeds the 1000-byte cap"
     assert feeder.consumed < body.index(b"y" * 5_000) + 1_200
     # What was written stays for the caller to remove with the directory.
     assert (inputs_dir / "__part_0001").read_bytes() == b"x" * 100
+
+
+def open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+async def test_direct_mode_writes_as_data_arrives_and_closes_every_file(
+    inputs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a memory filesystem: no batches, no thread; nothing left open, even when cut short."""
+    monkeypatch.setattr(staging._Write, "perform", lambda self: pytest.fail("a batch was used"))
+    content = random.Random(2).randbytes(3_000_000)
+    body, content_type = encode([meta(), part("big.bin", content), part("b.bin", b"b" * 10)])
+    before = open_fds()
+    staged = await stage(body, content_type, inputs_dir, fixed(65_536), direct=True)
+    assert staged.parts["big.bin"].read_bytes() == content
+    assert staged.parts["b.bin"].read_bytes() == b"b" * 10
+    assert open_fds() == before
+    # cut short in the middle of a part: its file is closed all the same
+    other = inputs_dir.parent / "other"
+    other.mkdir()
+    with pytest.raises(BadRequest):
+        await stage(body[: len(body) // 2], content_type, other, fixed(65_536), direct=True)
+    assert open_fds() == before
+    assert 0 < (other / "__part_0001").stat().st_size < len(content)
 
 
 async def test_part_exactly_at_the_cap(inputs_dir: Path) -> None:

@@ -662,3 +662,16 @@ def test_worker_with_run_dirs_on_disk(tmp_path_factory: pytest.TempPathFactory) 
             time.sleep(0.05)
     finally:
         w.stop()  # asserts that no run directory was left behind
+
+
+def test_bundle_compression_is_chosen_by_what_compresses(client: httpx.Client) -> None:
+    """Incompressible outputs are stored (deflating them only costs time); text is deflated."""
+    # the gzip header's XFL byte says how it was written: 4 = fastest level, 0 = stored
+    noise = execute(client, "import os\nnoise = os.urandom(2_000_000)")
+    assert read_bundle(noise).manifest["success"]
+    assert noise.content[8] == 0 and len(noise.content) > 2_000_000
+    text = execute(client, "text = 'a,b,c\\n1,2,3\\n' * 200_000")
+    assert read_bundle(text).manifest["success"]
+    assert text.content[8] == 4 and len(text.content) < 500_000
+    small = execute(client, "x = 1")
+    assert small.content[8] == 4
