@@ -49,6 +49,7 @@ _KERNEL_ARGS = (
     "--Kernel._execute_sleep=0",
 )
 _ids = itertools.count(1)
+_IOPUB_GRACE_SECONDS = 0.25  # after a kernel_info reply, how long its idle status may take
 
 OutputCallback = Callable[[Output], None]
 
@@ -182,12 +183,12 @@ class Kernel:
         self._watch_process()
         self._kc = self._km.client()
         self._kc.start_channels()
-        await self._wait_ready()
-        self._forget_connection_file()
         self._pumps = [
             asyncio.create_task(self._pump(self._kc.shell_channel.socket, "shell")),
             asyncio.create_task(self._pump(self._kc.iopub_channel.socket, "iopub")),
         ]
+        await self._wait_ready()
+        self._forget_connection_file()
 
     def _forget_connection_file(self) -> None:
         """Under another user, no file may give a cell another kernel's key."""
@@ -196,25 +197,45 @@ class Kernel:
                 os.unlink(self._km.connection_file)
 
     async def _wait_ready(self) -> None:
-        """Wait for the first kernel_info reply, or fail as soon as the process exits."""
-        ready = asyncio.ensure_future(
-            self._kc.wait_for_ready(timeout=self._config.start_timeout_seconds)
-        )
-        died = asyncio.ensure_future(self.died.wait())
-        try:
-            await asyncio.wait({ready, died}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            died.cancel()
-            if not ready.done():
-                ready.cancel()
-        if not ready.done() or ready.cancelled():
-            raise KernelStartError(
-                f"kernel {self.kernel_id} exited during start-up (exit status {self._exit_code})"
-            )
-        try:
-            ready.result()
-        except (RuntimeError, TimeoutError) as exc:
-            raise KernelStartError(f"kernel {self.kernel_id} did not become ready: {exc}") from exc
+        """Wait until the kernel answers ``kernel_info`` and its IOPub messages reach us.
+
+        The IOPub subscription may connect after the kernel's first messages (ZMQ's slow
+        joiner): a reply whose idle status does not follow soon is asked again. Unlike
+        jupyter_client's ``wait_for_ready``, no fixed 0.2 s IOPub flush is waited out
+        afterwards (messages of other requests are ignored by ``_collect`` anyway).
+        """
+        deadline = time.monotonic() + self._config.start_timeout_seconds
+        while True:
+            msg = self._kc.session.msg("kernel_info_request", {})
+            self._kc.session.send(self._kc.shell_channel.socket, msg)
+            if await self._answered_with_iopub(msg["header"]["msg_id"], deadline):
+                return
+
+    async def _answered_with_iopub(self, msg_id: str, deadline: float) -> bool:
+        replied = idle = False
+        iopub_by = deadline
+        while not (replied and idle):
+            remaining = min(deadline, iopub_by) - time.monotonic()
+            if remaining <= 0:
+                if replied:
+                    return False  # answered, but IOPub was not connected yet: ask again
+                raise KernelStartError(f"kernel {self.kernel_id} did not become ready in time")
+            try:
+                channel, msg = await asyncio.wait_for(self._events.get(), remaining)
+            except TimeoutError:
+                continue
+            if channel == "died":
+                raise KernelStartError(
+                    f"kernel {self.kernel_id} exited during start-up (exit status {msg})"
+                )
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            if channel == "shell":
+                replied = True
+                iopub_by = time.monotonic() + _IOPUB_GRACE_SECONDS
+            elif msg["header"]["msg_type"] == "status":
+                idle = idle or msg["content"].get("execution_state") == "idle"
+        return True
 
     async def _run_startup_code(self, deadline: float) -> None:
         bootstrap = (
