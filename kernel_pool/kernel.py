@@ -26,14 +26,13 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-import zmq
-import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 
+from .channels import KernelChannels
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
-from .messages import ExecuteResult, Output, decode
+from .messages import ExecuteResult, Output
 from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity, threads_of
 
 log = logging.getLogger(__name__)
@@ -92,9 +91,8 @@ class Kernel:
         self._private_dir = private_dir
         self._kernel_dirs = list(kernel_dirs)
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        self._pumps: list[asyncio.Task[None]] = []
+        self._channels: KernelChannels | None = None
         self._km: Any = None
-        self._kc: Any = None
         self._pidfd: int | None = None
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
@@ -181,12 +179,9 @@ class Kernel:
         except (OSError, ValueError, RuntimeError) as exc:
             raise KernelStartError(f"kernel process could not be started: {exc}") from exc
         self._watch_process()
-        self._kc = self._km.client()
-        self._kc.start_channels()
-        self._pumps = [
-            asyncio.create_task(self._pump(self._kc.shell_channel.socket, "shell")),
-            asyncio.create_task(self._pump(self._kc.iopub_channel.socket, "iopub")),
-        ]
+        self._channels = KernelChannels(
+            self._km.get_connection_info(), self._km.session, self._deliver
+        )
         await self._wait_ready()
         self._forget_connection_file()
 
@@ -206,9 +201,8 @@ class Kernel:
         """
         deadline = time.monotonic() + self._config.start_timeout_seconds
         while True:
-            msg = self._kc.session.msg("kernel_info_request", {})
-            self._kc.session.send(self._kc.shell_channel.socket, msg)
-            if await self._answered_with_iopub(msg["header"]["msg_id"], deadline):
+            msg_id = self._shell().send("kernel_info_request", {})
+            if await self._answered_with_iopub(msg_id, deadline):
                 return
 
     async def _answered_with_iopub(self, msg_id: str, deadline: float) -> bool:
@@ -312,20 +306,13 @@ class Kernel:
             if self._on_death is not None and self.state is not KernelState.STOPPED:
                 self._on_death(self)
 
-    async def _pump(self, socket: zmq.asyncio.Socket, channel: str) -> None:
-        auth = self._kc.session.auth
-        while True:
-            try:
-                msg = decode(await socket.recv_multipart(), auth)
-            except asyncio.CancelledError:
-                raise
-            except zmq.ZMQError:  # a torn-down socket ends the pump; death is reported apart
-                log.debug("kernel %s %s channel closed", self.kernel_id, channel, exc_info=True)
-                return
-            except Exception:  # one unreadable message must not end the stream
-                log.warning("kernel %s sent an unreadable %s message", self.kernel_id, channel)
-                continue
-            self._events.put_nowait((channel, msg))
+    def _deliver(self, channel: str, msg: dict[str, Any]) -> None:
+        self._events.put_nowait((channel, msg))
+
+    def _shell(self) -> KernelChannels:
+        if self._channels is None:
+            raise KernelDied(self._exit_code)
+        return self._channels
 
     def _child_pids(self) -> list[int]:
         return descendants(self.pid) if self.pid is not None else []
@@ -383,12 +370,12 @@ class Kernel:
             "allow_stdin": False,
             "stop_on_error": False,
         }
-        msg = self._kc.session.msg("execute_request", content)
-        msg["metadata"] = dict(metadata or {})
+        request_metadata = dict(metadata or {})
         if reset_after:
-            msg["metadata"]["kernel_pool"] = {"reset": True}
-        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
-        msg_id = msg["header"]["msg_id"]
+            request_metadata["kernel_pool"] = {"reset": True}
+        msg_id = self._shell().send(
+            "execute_request", content, metadata=request_metadata, buffers=buffers
+        )
         outputs: list[Output] = []
         sink = on_output if on_output is not None else outputs.append
         try:
@@ -413,13 +400,12 @@ class Kernel:
         """
         if self.died.is_set():
             raise KernelDied(self._exit_code)
-        msg = self._kc.session.msg(msg_type, dict(content))
-        self._kc.session.send(self._kc.shell_channel.socket, msg, buffers=list(buffers))
+        msg_id = self._shell().send(msg_type, content, buffers=buffers)
         outputs: list[Output] = []
         try:
-            await self._collect(msg["header"]["msg_id"], deadline, outputs.append, reply=False)
+            await self._collect(msg_id, deadline, outputs.append, reply=False)
         except TimeoutError:
-            await self._timeout_ladder(msg["header"]["msg_id"], outputs.append)
+            await self._timeout_ladder(msg_id, outputs.append)
             raise ExecutionTimeout(0.0) from None
         return tuple(outputs)
 
@@ -515,14 +501,9 @@ class Kernel:
                 proc.send_signal(sig)
 
     async def _teardown(self, *, now: bool) -> None:
-        for task in self._pumps:
-            task.cancel()
-        for task in self._pumps:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._pumps = []
-        if self._kc is not None:
-            self._kc.stop_channels()
+        if self._channels is not None:
+            self._channels.close()
+            self._channels = None
         if self._km is not None:
             with contextlib.suppress(Exception):  # already dead or never started
                 await self._km.shutdown_kernel(now=now)

@@ -1,0 +1,135 @@
+"""The pool's two sockets to a kernel (shell and IOPub), read by the event loop directly.
+
+jupyter_client's asyncio channels create a future, a poller registration and several enum
+operations for every message; a warm kernel's cell is only a handful of small messages, so
+that machinery was a measurable share of a cell's cost. Here each socket's file descriptor
+is watched with ``loop.add_reader`` and drained without blocking: messages are decoded
+(:func:`decode`, HMAC checked) and handed to ``deliver`` in arrival order per socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import zmq
+from jupyter_client.session import Session
+
+from .messages import decode
+
+log = logging.getLogger(__name__)
+
+Deliver = Callable[[str, dict[str, Any]], None]
+"""Receives ``(channel name, message)`` for every message read."""
+
+_RECONNECT_MS = 10
+_BATCH = 64  # messages read per wake-up before yielding to the rest of the loop
+_context: zmq.Context[zmq.Socket[bytes]] | None = None
+
+
+def _shared_context() -> zmq.Context[zmq.Socket[bytes]]:
+    global _context
+    if _context is None:
+        _context = zmq.Context()
+    return _context
+
+
+def endpoint(info: Mapping[str, Any], channel: str) -> str:
+    """The ZMQ address of ``channel`` ("shell", "iopub") in a kernel's connection info."""
+    transport, ip, port = info["transport"], info["ip"], info[f"{channel}_port"]
+    return f"ipc://{ip}-{port}" if transport == "ipc" else f"{transport}://{ip}:{port}"
+
+
+class _Reader:
+    """One socket, drained on the event loop whenever its descriptor signals."""
+
+    def __init__(self, sock: zmq.Socket[bytes], name: str, auth: Any, deliver: Deliver) -> None:
+        self.sock = sock
+        self.name = name
+        self._auth = auth
+        self._deliver = deliver
+        self._loop = asyncio.get_running_loop()
+        self._fd = int(sock.getsockopt(zmq.FD))
+        self._closed = False
+        self._loop.add_reader(self._fd, self.drain)
+        self._loop.call_soon(self.drain)  # the descriptor is edge-triggered
+
+    def drain(self) -> None:
+        """Read what is waiting (at most a batch, then continue on the next loop turn)."""
+        for _ in range(_BATCH):
+            if self._closed:
+                return
+            try:
+                if not int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            except zmq.ZMQError:  # torn down; the kernel's death is reported apart
+                log.debug("%s socket closed", self.name, exc_info=True)
+                self.close()
+                return
+            try:
+                msg = decode(frames, self._auth)
+            except (ValueError, TypeError, UnicodeDecodeError):
+                log.warning("a kernel sent an unreadable %s message", self.name)
+                continue
+            self._deliver(self.name, msg)
+        self._loop.call_soon(self.drain)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._fd)
+        self.sock.close(linger=0)
+
+
+class KernelChannels:
+    """Shell (requests and replies) and IOPub (outputs) of one kernel."""
+
+    def __init__(self, info: Mapping[str, Any], session: Session, deliver: Deliver) -> None:
+        self.session = session
+        context = _shared_context()
+        shell = context.socket(zmq.DEALER)
+        shell.setsockopt(zmq.IDENTITY, session.bsession)
+        shell.setsockopt(zmq.LINGER, 0)
+        iopub = context.socket(zmq.SUB)
+        iopub.setsockopt(zmq.SUBSCRIBE, b"")
+        iopub.setsockopt(zmq.LINGER, 0)
+        for sock in (shell, iopub):  # a starting kernel binds late: retry every 10 ms
+            sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
+        try:
+            shell.connect(endpoint(info, "shell"))
+            iopub.connect(endpoint(info, "iopub"))
+        except zmq.ZMQError:
+            shell.close(linger=0)
+            iopub.close(linger=0)
+            raise
+        self._shell = _Reader(shell, "shell", session.auth, deliver)
+        self._iopub = _Reader(iopub, "iopub", session.auth, deliver)
+
+    def send(
+        self,
+        msg_type: str,
+        content: Mapping[str, Any],
+        *,
+        metadata: Mapping[str, Any] | None = None,
+        buffers: Sequence[bytes | memoryview] = (),
+    ) -> str:
+        """Send a shell request; returns its ``msg_id`` (replies come through ``deliver``)."""
+        msg = self.session.msg(msg_type, dict(content))
+        if metadata:
+            msg["metadata"] = dict(metadata)
+        self.session.send(self._shell.sock, msg, buffers=list(buffers))  # type: ignore[arg-type]
+        # sending can consume the descriptor's edge: look for a reply that raced it
+        asyncio.get_running_loop().call_soon(self._shell.drain)
+        return str(msg["header"]["msg_id"])
+
+    def close(self) -> None:
+        self._shell.close()
+        self._iopub.close()
