@@ -394,7 +394,9 @@ def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
 
 
 def _json(document: object) -> bytes:
-    return json.dumps(document, indent=2, sort_keys=True).encode("utf-8")
+    # one line: without ``indent`` the C encoder runs (the pure-Python one cost more than
+    # tarring a small bundle)
+    return json.dumps(document, sort_keys=True).encode("utf-8")
 
 
 def _as_list(value: object) -> list[dict[str, object]]:

@@ -87,7 +87,7 @@ def manifest_of(tar: tarfile.TarFile) -> dict[str, Any]:
     assert extracted is not None
     raw = extracted.read()
     document: dict[str, Any] = json.loads(raw)
-    assert raw.decode() == json.dumps(document, indent=2, sort_keys=True)
+    assert raw.decode() == json.dumps(document, sort_keys=True)  # one line, keys sorted
     return document
 
 
