@@ -28,6 +28,7 @@ _MISSING = object()
 _GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
 _SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook")
 RESET_PAYLOAD_SOURCE = "kernel_pool.reset"
+_CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
 
 _baseline = {}
 _preloaded = frozenset()
@@ -136,6 +137,8 @@ def capture():
     # registered after the setup and preload code's hooks, so it runs after theirs
     if _reset_if_last not in shell.events.callbacks["post_run_cell"]:
         shell.events.register("post_run_cell", _reset_if_last)
+    # a cell's own run-cell hooks would outlive it (and run after an in-kernel reset)
+    _baseline["cell_hooks"] = {e: tuple(shell.events.callbacks[e]) for e in _CELL_HOOK_EVENTS}
     gc.collect()
     gc.freeze()  # the warm baseline is never garbage: keep later collections short
     return {"names": len(ns), "preloaded": sorted(_preloaded)}
@@ -299,6 +302,10 @@ def _verify(ns, problems):
         problems.append("environment differs from the baseline")
     if list(sys.path) != _baseline["path"]:
         problems.append("sys.path differs from the baseline")
+    callbacks = _shell().events.callbacks
+    for event, hooks in _baseline["cell_hooks"].items():
+        if tuple(callbacks[event]) != hooks:
+            problems.append(f"a cell registered or removed a {event} hook")
     for thread in threading.enumerate():
         if thread.ident not in _baseline["threads"] and thread.is_alive():
             problems.append(f"thread {thread.name!r} is still running")

@@ -489,3 +489,19 @@ async def test_child_process_started_by_a_finished_thread_retires_the_kernel(
     while alive(child):
         assert time.monotonic() < deadline, "the cell's child process survived its kernel"
         await asyncio.sleep(0.05)
+
+
+async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, last: bool) -> None:
+    """It would outlive the cell (and, registered after it, run after the in-kernel reset)."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "def sneaky(result=None):\n"
+            "    globals()['left_behind'] = 1\n"
+            "get_ipython().events.register('post_run_cell', sneaky)\n"
+        ), last=last)  # fmt: skip
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 1
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+        assert await run(lease, "print('left_behind' in dir())") == "False\n"
