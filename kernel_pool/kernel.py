@@ -241,40 +241,40 @@ class Kernel:
             f"__kernel_pool_boot({_INKERNEL_SOURCE!r})\n"
             "del __kernel_pool_boot\n"
         )
-        steps: list[tuple[str, str | None]] = [
-            ("bootstrap", bootstrap),
-            ("setup", self._config.setup_code),
-        ]
-        for what, code in steps:
-            if code:
-                await self._startup_step(what, code, deadline)
-        await self._call_helper("mark_before_preload()", deadline)
+        # as few round trips as the order allows: the helper calls ride on the code's
+        # execution (user expressions run after the code, and only if it succeeded)
+        mark = {"mark": f"{_HELPER}.mark_before_preload()"}
+        capture = {"capture": f"{_HELPER}.capture()"}
+        setup = bootstrap + "\n" + (self._config.setup_code or "")
         if self._config.preload:
-            await self._startup_step("preload", self._config.preload, deadline)
-        await self._call_helper("capture()", deadline)
+            await self._startup_step("setup", setup, deadline, mark)
+            await self._startup_step("preload", self._config.preload, deadline, capture)
+        else:
+            await self._startup_step("setup", setup, deadline, {**mark, **capture})
         self._baseline_children = frozenset(self._child_pids())
         if self.pid is not None:
             # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
             # code: after each cell only the main thread and newer threads are looked at
             self._infrastructure_threads = threads_of(self.pid) - {self.pid}
 
-    async def _startup_step(self, what: str, code: str, deadline: float) -> None:
-        result = await self.execute(code, deadline=deadline, silent=True, store_history=False)
+    async def _startup_step(
+        self, what: str, code: str, deadline: float, helper_calls: Mapping[str, str]
+    ) -> None:
+        """Run start-up ``code``, then the helper calls (as user expressions) if it worked."""
+        result = await self.execute(
+            code, deadline=deadline, silent=True, store_history=False,
+            user_expressions=helper_calls,
+        )  # fmt: skip
         if not result.ok:
             message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
             if what == "preload":
                 raise PreloadError(message)
             raise KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
-
-    async def _call_helper(self, call: str, deadline: float) -> Any:
-        result = await self.execute(
-            "", deadline=deadline, silent=True, store_history=False,
-            user_expressions={"r": f"{_HELPER}.{call}"},
-        )  # fmt: skip
-        try:
-            return _literal(result, "r")
-        except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
-            raise KernelStartError(f"kernel helper call {call} failed: {exc}") from exc
+        for key in helper_calls:
+            try:
+                _literal(result, key)
+            except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
+                raise KernelStartError(f"kernel helper call {key} failed: {exc}") from exc
 
     # -- process watching ------------------------------------------------------------------------
 
