@@ -32,6 +32,7 @@ import json
 import os
 import stat
 import tarfile
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ __all__ = [
     "CellOutcome",
     "MimeDisplay",
     "build_manifest",
+    "bundle_bytes",
     "write_bundle",
 ]
 
@@ -145,6 +147,27 @@ def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[
     if outcome.mount_writes:
         manifest["mount_writes"] = [dict(entry) for entry in outcome.mount_writes]
     return manifest
+
+
+def bundle_bytes(run_dir: Path, outcome: CellOutcome, *, compresslevel: int = 1) -> bytes:
+    """The gzipped bundle for *outcome*, built in memory (for small bundles, blocking).
+
+    The tar is assembled uncompressed and deflated in one call: a small bundle is mostly
+    headers and padding, and feeding them through ``GzipFile`` piece by piece cost more
+    than the compression itself.
+    """
+    raw = io.BytesIO()
+    with tarfile.TarFile(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        _write_members(tar, run_dir, outcome)
+    if compresslevel == 0:  # stored, framed like the large bundles (XFL 0)
+        out = io.BytesIO()
+        with StoredGzipWriter(out) as gz:
+            gz.write(raw.getbuffer())
+        return out.getvalue()
+    return zlib.compress(raw.getbuffer(), compresslevel, wbits=_GZIP_WBITS)
+
+
+_GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip framing (header with mtime 0, then trailer)
 
 
 def write_bundle(

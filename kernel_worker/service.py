@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import io
 import os
 import stat
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 from kernel_pool import PoolClosed
 
-from .bundle import CellOutcome, write_bundle
+from .bundle import CellOutcome, bundle_bytes, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
@@ -199,9 +198,7 @@ def _write(
         payload = _payload_bytes(run_dir, outcome)
     level = compresslevel if compresslevel is not None else _auto_level(run_dir, payload)
     if payload < in_memory_limit:
-        buffer = io.BytesIO()
-        write_bundle(run_dir.root, outcome, buffer, compresslevel=level)
-        return buffer.getvalue()
+        return bundle_bytes(run_dir.root, outcome, compresslevel=level)
     path = run_dir.root / "bundle.tar.gz"
     with open(path, "wb") as fh:
         write_bundle(run_dir.root, outcome, fh, compresslevel=level)

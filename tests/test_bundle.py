@@ -13,7 +13,13 @@ from typing import Any
 
 import pytest
 
-from kernel_worker.bundle import CellOutcome, MimeDisplay, build_manifest, write_bundle
+from kernel_worker.bundle import (
+    CellOutcome,
+    MimeDisplay,
+    build_manifest,
+    bundle_bytes,
+    write_bundle,
+)
 
 X_META = {"content_type": "json/object", "file": "x.json", "bytes": 1, "preview": 2}
 REAL_KEYS = {
@@ -365,3 +371,13 @@ def test_build_manifest_missing_display_file() -> None:
     assert manifest["displays"] == [
         {"error": "The output file of display 0 was not produced", "type": "MissingOutputFile"}
     ]
+
+
+@pytest.mark.parametrize("level", [1, 0])
+def test_in_memory_bundle_holds_the_same_tar(run_dir: Path, level: int) -> None:
+    """Small bundles are built in memory and deflated in one call: the same tar inside."""
+    streamed = io.BytesIO()
+    write_bundle(run_dir, outcome(), streamed, compresslevel=level)
+    in_memory = bundle_bytes(run_dir, outcome(), compresslevel=level)
+    assert gzip.decompress(in_memory) == gzip.decompress(streamed.getvalue())
+    assert in_memory[:2] == b"\x1f\x8b" and in_memory[8] == (4 if level == 1 else 0)
