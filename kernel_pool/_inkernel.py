@@ -9,11 +9,12 @@ Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook
 its own per-request state cleared by every reset.
 
 An ``execute_request`` whose metadata carries ``{"kernel_pool": {"reset": true}}`` is the
-last execution of its lease: the kernel resets itself right after the cell (the last
-``post_run_cell`` hook) and puts the verdict in the reply's ``payload``, so a lease costs one
-round trip instead of two.
+last execution of its lease: the kernel resets itself right after replying (scheduled by the
+last ``post_run_cell`` hook) and publishes the verdict on IOPub as a ``kernel_pool_reset``
+message, so a lease costs one round trip instead of two and the reset is off its path.
 """
 
+import contextlib
 import gc
 import itertools
 import operator
@@ -27,7 +28,8 @@ _MISSING = object()
 # modules whose attributes a cell might monkeypatch and that everything else relies on
 _GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
 _SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook")
-RESET_PAYLOAD_SOURCE = "kernel_pool.reset"
+RESET_MSG_TYPE = "kernel_pool_reset"
+RESET_TOPIC = b"kernel_pool.reset"
 _CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
 
 _baseline = {}
@@ -333,27 +335,45 @@ def reset():
     return {"clean": not problems, "problems": problems}
 
 
-def _reset_asked(shell):
+def _parent_asking_reset(shell):
+    """The request being answered, if it is a lease's last cell (it asks for a reset)."""
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
-        return False
+        return None
     try:
         parent = kernel.get_parent("shell") or {}
     except Exception:
-        return False
+        return None
     asked = (parent.get("metadata") or {}).get("kernel_pool") or {}
-    return isinstance(asked, dict) and asked.get("reset") is True
+    return parent if isinstance(asked, dict) and asked.get("reset") is True else None
 
 
 def _reset_if_last(result=None):
-    """The lease's last cell asked for it: reset now and report in the reply's payload."""
+    """The lease's last cell asked for it: reset as soon as the reply has gone out."""
     shell = _shell()
-    if not _baseline or not _reset_asked(shell):
+    parent = _parent_asking_reset(shell) if _baseline else None
+    if parent is None:
         return
+    try:
+        import asyncio
+
+        # the kernel's loop runs this once the handler yields, after the reply and the idle
+        # status: the reset is off the request's path
+        asyncio.get_running_loop().call_soon(_reset_and_report, shell, parent)
+    except RuntimeError:  # no loop running: reset now, before the reply
+        _reset_and_report(shell, parent)
+
+
+def _reset_and_report(shell, parent):
     started = time.perf_counter()
     try:
         report = reset()
     except BaseException as exc:  # any failure makes the kernel suspect
         report = {"clean": False, "problems": [f"reset failed: {type(exc).__name__}: {exc}"]}
     report["seconds"] = time.perf_counter() - started
-    shell.payload_manager.write_payload({"source": RESET_PAYLOAD_SOURCE, **report}, single=False)
+    kernel = shell.kernel
+    # should this fail, the pool times out waiting and runs a full reset
+    with contextlib.suppress(Exception):
+        kernel.session.send(
+            kernel.iopub_socket, RESET_MSG_TYPE, report, parent=parent, ident=RESET_TOPIC
+        )

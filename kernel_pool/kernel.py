@@ -32,7 +32,7 @@ from jupyter_client.manager import AsyncKernelManager
 from .channels import KernelChannels
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
-from .messages import ExecuteResult, Output
+from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
 from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity, threads_of
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class Kernel:
         self._kernel_dirs = list(kernel_dirs)
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._channels: KernelChannels | None = None
+        self._reset_verdicts: dict[str, InlineReset] = {}
         self._km: Any = None
         self._pidfd: int | None = None
         self._exit_code: int | None = None
@@ -356,8 +357,8 @@ class Kernel:
     ) -> ExecuteResult:
         """Run ``code`` and wait for its reply and idle status, or raise at the deadline.
 
-        ``reset_after``: the kernel resets itself right after ``code``, before replying; the
-        verdict is :attr:`ExecuteResult.reset_problems`.
+        ``reset_after``: the kernel resets itself right after replying; wait for its verdict
+        with :meth:`reset_verdict`.
         """
         if self.died.is_set():
             raise KernelDied(self._exit_code)
@@ -383,7 +384,7 @@ class Kernel:
         except TimeoutError:
             await self._timeout_ladder(msg_id, sink)
             raise ExecutionTimeout(max(0.0, deadline - started)) from None
-        return ExecuteResult(reply, tuple(outputs), time.monotonic() - started)
+        return ExecuteResult(reply, tuple(outputs), time.monotonic() - started, msg_id)
 
     async def send(
         self,
@@ -427,6 +428,8 @@ class Kernel:
             msg_type = msg["header"]["msg_type"]
             if channel == "shell":
                 answer = msg["content"]
+            elif msg_type == RESET_MSG_TYPE:  # the reset ran before the reply: keep it
+                self._reset_verdicts[msg_id] = InlineReset.from_content(msg["content"])
             elif msg_type == "status":
                 idle = msg["content"].get("execution_state") == "idle"
             elif msg_type != "execute_input":
@@ -465,6 +468,29 @@ class Kernel:
         if stray:
             problems.append(f"{len(stray)} child process(es) still running")
         return problems
+
+    async def reset_verdict(self, msg_id: str, deadline: float) -> InlineReset | None:
+        """The verdict of the reset the kernel ran after request ``msg_id`` (``reset_after``).
+
+        None if the kernel died or sent none by ``deadline``.
+        """
+        verdict = self._reset_verdicts.pop(msg_id, None)
+        while verdict is None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            try:
+                channel, msg = await asyncio.wait_for(self._events.get(), remaining)
+            except TimeoutError:
+                return None
+            if channel == "died":
+                self._events.put_nowait((channel, msg))
+                return None
+            parent = msg.get("parent_header", {}).get("msg_id")
+            if parent == msg_id and msg["header"]["msg_type"] == RESET_MSG_TYPE:
+                verdict = InlineReset.from_content(msg["content"])
+        self._reset_verdicts.clear()  # verdicts of requests nobody waits for any more
+        return verdict
 
     async def kill(self) -> None:
         """Kill the kernel, its process group and every descendant; release its resources."""

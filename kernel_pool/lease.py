@@ -9,7 +9,7 @@ from typing import Any
 
 from .errors import ExecutionTimeout, KernelDied
 from .kernel import Kernel, OutputCallback
-from .messages import ExecuteResult, InlineReset, Output
+from .messages import ExecuteResult, Output
 
 
 class RetireReason(enum.Enum):
@@ -35,8 +35,9 @@ class Lease:
         self.retire_reason: RetireReason | None = None
         self._in_flight = False
         self._reusable = reusable  # False: the kernel is replaced after this lease anyway
-        self.inline_reset: InlineReset | None = None
-        """The verdict of a ``reset_after`` execution, while it is the lease's last message."""
+        self.reset_pending: str | None = None
+        """The ``last=True`` request after which the kernel resets itself, while it is the
+        lease's last message (the pool waits for that reset's verdict)."""
 
     @property
     def kernel_id(self) -> str:
@@ -81,10 +82,8 @@ class Lease:
         caller is cancelled mid-execution the kernel is retired too.
 
         ``last=True`` says nothing else will run on this lease: the kernel resets itself
-        right after ``code``, in the same round trip, and goes straight back to the pool
-        when the lease ends (if that reset reports anything, the pool's full reset runs).
-        The reply then carries no ``traceback``: a failure's traceback is in the IOPub
-        ``error`` output.
+        right after replying (no second round trip, and off the caller's path) and goes
+        back to the pool once its verdict arrives; a reset that finds anything retires it.
         """
         reset_after = last and self._reusable
         with self._tracked():
@@ -100,7 +99,7 @@ class Lease:
                 reset_after=reset_after,
             )
         if reset_after:
-            self.inline_reset = result.reset_report
+            self.reset_pending = result.msg_id
         return result
 
     async def send(
@@ -126,7 +125,7 @@ class Lease:
         the pool retires the kernel when the lease ends.
         """
         self._in_flight = True
-        self.inline_reset = None  # whatever runs now comes after any earlier reset
+        self.reset_pending = None  # whatever runs now comes after any earlier reset
         try:
             yield
         except ExecutionTimeout:

@@ -10,8 +10,8 @@ from typing import Any
 
 _DELIMITER = b"<IDS|MSG>"
 
-RESET_PAYLOAD_SOURCE = "kernel_pool.reset"
-"""The reply payload in which a kernel reports the reset it ran after the cell."""
+RESET_MSG_TYPE = "kernel_pool_reset"
+"""The IOPub message in which a kernel reports the reset it ran after a lease's last cell."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +30,8 @@ class ExecuteResult:
     reply: Mapping[str, Any]
     outputs: tuple[Output, ...]
     duration_seconds: float
+    msg_id: str = ""
+    """The request's id (its reply and outputs name it as their parent)."""
 
     @property
     def ok(self) -> bool:
@@ -40,28 +42,24 @@ class ExecuteResult:
         value = self.reply.get("user_expressions") or {}
         return value if isinstance(value, Mapping) else {}
 
-    @property
-    def reset_report(self) -> InlineReset | None:
-        """The reset the kernel ran right after the cell (``reset_after``), if it ran one."""
-        for entry in self.reply.get("payload") or ():
-            if isinstance(entry, Mapping) and entry.get("source") == RESET_PAYLOAD_SOURCE:
-                problems = entry.get("problems")
-                if not isinstance(problems, list):
-                    problems = ["the kernel's reset report is malformed"]
-                seconds = entry.get("seconds")
-                return InlineReset(
-                    tuple(str(p) for p in problems),
-                    float(seconds) if isinstance(seconds, int | float) else 0.0,
-                )
-        return None
-
 
 @dataclass(frozen=True, slots=True)
 class InlineReset:
-    """The verdict of a reset the kernel ran in the same round trip as the cell."""
+    """The verdict of the reset a kernel ran right after a lease's last cell."""
 
     problems: tuple[str, ...]
     seconds: float
+
+    @classmethod
+    def from_content(cls, content: Mapping[str, Any]) -> InlineReset:
+        problems = content.get("problems")
+        if not isinstance(problems, list):
+            problems = ["the kernel's reset report is malformed"]
+        seconds = content.get("seconds")
+        return cls(
+            tuple(str(p) for p in problems),
+            float(seconds) if isinstance(seconds, int | float) else 0.0,
+        )
 
 
 def decode(frames: Sequence[bytes], auth: hmac.HMAC | None) -> dict[str, Any]:

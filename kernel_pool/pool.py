@@ -3,8 +3,9 @@
 Invariants:
 - a lease only ever gets a kernel in state IDLE, which no one else holds;
 - every lease ends in exactly one of: reset and reused, or retired (killed in the
-  background and replaced). The reset runs in the kernel with the lease's last cell when the
-  caller says which cell is last (``execute(..., last=True)``), else in the background;
+  background and replaced). The reset runs in the kernel right after the lease's last cell
+  replied when the caller says which cell is last (``execute(..., last=True)``), else as a
+  separate request in the background;
 - the pool never runs more than ``config.target_kernels`` kernels, and never restarts in a
   tight loop (failed starts back off exponentially).
 """
@@ -26,7 +27,6 @@ from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
-from .messages import InlineReset
 from .processes import native_kernelspec_dir
 from .stats import PoolStats, StatsRecorder
 
@@ -177,9 +177,8 @@ class Pool:
             self._retire(kernel, reason)
             return
         kernel.state = KernelState.RESETTING
-        inline = lease.inline_reset
-        if inline is not None:
-            self._spawn(self._return_after_inline_reset(kernel, inline))
+        if lease.reset_pending is not None:
+            self._spawn(self._return_after_inline_reset(kernel, lease.reset_pending))
         else:
             self._spawn(self._reset_and_return(kernel))
 
@@ -212,9 +211,14 @@ class Pool:
         self._stats.reset_done(time.monotonic() - started)
         await self._return_if_clean(kernel, problems)
 
-    async def _return_after_inline_reset(self, kernel: Kernel, inline: InlineReset) -> None:
-        """The kernel reset itself with the lease's last cell; add what it cannot see from
-        inside (processes it started), then judge it like a full reset."""
+    async def _return_after_inline_reset(self, kernel: Kernel, msg_id: str) -> None:
+        """The kernel resets itself after the lease's last cell: wait for its verdict, add
+        what it cannot see from inside (processes it started), judge it like a full reset."""
+        deadline = time.monotonic() + self.config.reset_timeout_seconds
+        inline = await kernel.reset_verdict(msg_id, deadline)
+        if inline is None:  # died, or no verdict came: the full reset decides
+            await self._reset_and_return(kernel)
+            return
         self._stats.reset_done(inline.seconds, inline=True)
         problems = list(inline.problems)
         stray = kernel.stray_children()

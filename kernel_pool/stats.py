@@ -49,7 +49,7 @@ class PoolStats:
     closing: bool
     gpu_slots: tuple[str, ...] = field(default=())
     inline_resets: int = 0
-    """Resets the kernel ran in the same round trip as the lease's last cell (of ``reset``)."""
+    """Resets the kernel ran by itself after the lease's last cell replied (of ``reset``)."""
     busy_slots: tuple[str, ...] = field(default=())
     """GPU slots of the kernels currently leased."""
 

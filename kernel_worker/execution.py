@@ -242,7 +242,7 @@ async def run_cell(
             store_history=False,
             metadata={"strata": plan},
             on_output=sink,
-            last=True,  # one cell per lease: the kernel resets itself in the same round trip
+            last=True,  # one cell per lease: the kernel resets itself right after replying
         )
     except ExecutionTimeout:
         raise CellTimedOut(f"Cell execution timed out after {request.timeout_seconds:g}s") from None

@@ -45,7 +45,7 @@ class _PoolCollector(Collector):
         yield retired
         yield CounterMetricFamily(
             f"{_PREFIX}_inline_resets",
-            "Resets a kernel ran in the same round trip as the cell (no second one needed)",
+            "Resets a kernel ran by itself right after the cell replied (no second request)",
             stats.inline_resets,
         )
         yield CounterMetricFamily(

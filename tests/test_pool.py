@@ -438,17 +438,18 @@ async def test_last_cell_reset_is_dropped_when_more_runs_after_it(pool: Pool) ->
         assert await run(lease, "print('a' in dir(), 'leaked' in dir())") == "False False\n"
 
 
-async def test_last_cell_reset_reports_in_the_reply_and_keeps_the_error(pool: Pool) -> None:
+async def test_last_cell_reset_runs_after_the_reply_which_keeps_the_error(pool: Pool) -> None:
     async with pool.lease() as lease:
         result = await lease.execute(
             "doomed = 1\nraise ValueError('boom')", deadline=time.monotonic() + 20, last=True
         )
         assert not result.ok
         assert (result.reply["ename"], result.reply["evalue"]) == ("ValueError", "boom")
+        assert "boom" in "".join(result.reply["traceback"])  # the reset came after the reply
         errors = [o for o in result.outputs if o.msg_type == "error"]
         assert errors and "boom" in "".join(errors[0].content["traceback"])
-        assert result.reset_report is not None and result.reset_report.problems == ()
-        assert lease.inline_reset == result.reset_report
+        assert not [o for o in result.outputs if o.msg_type == "kernel_pool_reset"]
+        assert lease.reset_pending == result.msg_id
     await settle(pool, idle=1)
     assert pool.stats().inline_resets == 1
     async with pool.lease() as lease:
@@ -459,8 +460,8 @@ async def test_last_cell_reset_reports_in_the_reply_and_keeps_the_error(pool: Po
 async def test_policies_that_replace_the_kernel_skip_the_last_cell_reset() -> None:
     async with Pool(PoolConfig(size=1, max_uses=1)) as pool:
         async with pool.lease(wait_seconds=30) as lease:
-            result = await lease.execute("x = 1", deadline=time.monotonic() + 20, last=True)
-            assert result.reset_report is None
+            await lease.execute("x = 1", deadline=time.monotonic() + 20, last=True)
+            assert lease.reset_pending is None
         assert pool.stats().retirements["max_uses"] == 1
         assert pool.stats().inline_resets == 0
 
