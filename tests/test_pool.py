@@ -56,6 +56,18 @@ async def settle(pool: Pool, *, idle: int, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def assert_replaced(pool: Pool, first: str, child: int | None = None) -> None:
+    """The kernel ``first`` was found unclean, retired and replaced; ``child`` died with it."""
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 1
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+    deadline = time.monotonic() + 10
+    while child is not None and alive(child):
+        assert time.monotonic() < deadline, "the cell's child process survived its kernel"
+        await asyncio.sleep(0.05)
+
+
 def alive(pid: int | None) -> bool:
     if pid is None or not psutil.pid_exists(pid):
         return False
@@ -147,15 +159,8 @@ async def test_child_process_left_running_retires_the_kernel(pool: Pool, last: b
             last=last,
         )
         child = int(out)
-    await settle(pool, idle=1)
+    await assert_replaced(pool, first, child)
     assert_reset_path(pool, last)
-    assert pool.stats().retirements["failed_reset"] == 1
-    async with pool.lease() as lease:
-        assert lease.kernel_id != first
-    deadline = time.monotonic() + 10
-    while alive(child):
-        assert time.monotonic() < deadline, "the cell's child process survived its kernel"
-        await asyncio.sleep(0.05)
 
 
 async def test_timeout_interrupts_then_retires(pool: Pool) -> None:
@@ -482,14 +487,7 @@ async def test_child_process_started_by_a_finished_thread_retires_the_kernel(
             "print(box[0].pid)\n"
         ), last=last)  # fmt: skip
         child = int(out)
-    await settle(pool, idle=1)
-    assert pool.stats().retirements["failed_reset"] == 1
-    async with pool.lease() as lease:
-        assert lease.kernel_id != first
-    deadline = time.monotonic() + 10
-    while alive(child):
-        assert time.monotonic() < deadline, "the cell's child process survived its kernel"
-        await asyncio.sleep(0.05)
+    await assert_replaced(pool, first, child)
 
 
 async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, last: bool) -> None:
@@ -501,8 +499,6 @@ async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, las
             "    globals()['left_behind'] = 1\n"
             "get_ipython().events.register('post_run_cell', sneaky)\n"
         ), last=last)  # fmt: skip
-    await settle(pool, idle=1)
-    assert pool.stats().retirements["failed_reset"] == 1
+    await assert_replaced(pool, first)
     async with pool.lease() as lease:
-        assert lease.kernel_id != first
         assert await run(lease, "print('left_behind' in dir())") == "False\n"
