@@ -31,6 +31,8 @@ _SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpo
 RESET_MSG_TYPE = "kernel_pool_reset"
 RESET_TOPIC = b"kernel_pool.reset"
 _CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
+# code of these packages is the kernel's own (its message handling runs as loop tasks)
+_KERNEL_PACKAGES = ("ipykernel", "tornado", "zmq", "jupyter_client", "IPython", "anyio")
 
 _baseline = {}
 _preloaded = frozenset()
@@ -118,6 +120,7 @@ def capture():
         cwd=os.getcwd(),
         path=list(sys.path),
         threads=frozenset(t.ident for t in threading.enumerate()),
+        tasks=frozenset(id(t) for t in _loop_tasks()),
         history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
         modules=dict(sys.modules),
         module_dicts={
@@ -294,6 +297,54 @@ def _restore_process_state(problems):
             problems.append(f"closing figures failed: {type(exc).__name__}")
 
 
+def _running_loop():
+    try:
+        import asyncio
+
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
+
+
+def _loop_tasks():
+    loop = _running_loop()
+    if loop is None:
+        return set()
+    import asyncio
+
+    return asyncio.all_tasks(loop)
+
+
+def _kernel_code(filename):
+    """Whether code in ``filename`` belongs to the kernel's own machinery."""
+    return any(f"{os.sep}{package}{os.sep}" in filename for package in _KERNEL_PACKAGES)
+
+
+def _pending_loop_work():
+    """Timers and tasks a cell left on the kernel's event loop: they would run later, in
+    another request's time (the kernel's own loop is otherwise quiet between requests)."""
+    loop = _running_loop()
+    if loop is None:
+        return []
+    problems = []
+    for handle in list(getattr(loop, "_scheduled", ())):
+        callback = getattr(handle, "_callback", None)
+        code = getattr(callback, "__code__", None)
+        if handle.cancelled() or (code is not None and _kernel_code(code.co_filename)):
+            continue
+        problems.append(f"a timer is still scheduled on the kernel's event loop ({callback!r:.80})")
+        break
+    for task in _loop_tasks():
+        if task.done() or id(task) in _baseline["tasks"]:
+            continue
+        code = getattr(task.get_coro(), "cr_code", None)
+        if code is not None and _kernel_code(code.co_filename):
+            continue
+        problems.append(f"a task is still running on the kernel's event loop ({task.get_name()})")
+        break
+    return problems
+
+
 def _verify(ns, problems):
     names = _baseline["names"]
     if set(ns) != set(names):
@@ -308,6 +359,7 @@ def _verify(ns, problems):
     for event, hooks in _baseline["cell_hooks"].items():
         if tuple(callbacks[event]) != hooks:
             problems.append(f"a cell registered or removed a {event} hook")
+    problems.extend(_pending_loop_work())
     for thread in threading.enumerate():
         if thread.ident not in _baseline["threads"] and thread.is_alive():
             problems.append(f"thread {thread.name!r} is still running")

@@ -502,3 +502,34 @@ async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, las
     await assert_replaced(pool, first)
     async with pool.lease() as lease:
         assert await run(lease, "print('left_behind' in dir())") == "False\n"
+
+
+@pytest.mark.parametrize(
+    "leftover",
+    [
+        "asyncio.get_running_loop().call_later(30, setattr, sys, 'planted', 1)",
+        "kept = asyncio.ensure_future(asyncio.sleep(30))",
+    ],
+    ids=["timer", "task"],
+)
+async def test_work_left_on_the_kernel_event_loop_retires_the_kernel(
+    pool: Pool, last: bool, leftover: str
+) -> None:
+    """It would run later, in another request's time: like a thread, it makes the kernel unclean."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, f"import asyncio, sys\n{leftover}\n", last=last)
+    await assert_replaced(pool, first)
+
+
+async def test_loop_work_a_cell_finishes_itself_is_fine(pool: Pool, last: bool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "import asyncio\n"
+            "done = await asyncio.gather(asyncio.sleep(0.01), asyncio.ensure_future(asyncio.sleep(0)))\n"
+        ), last=last)  # fmt: skip
+    await settle(pool, idle=1)
+    assert pool.stats().retirements["failed_reset"] == 0
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
