@@ -66,20 +66,26 @@ async def _settle(pool: Pool, resets_before: int) -> float | None:
         await asyncio.sleep(0.001)
 
 
+async def _timed_cell(pool: Pool, what: str) -> float:
+    """Seconds for one lease running the trivial cell as its last (as the worker does)."""
+    started = time.perf_counter()
+    async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
+        result = await lease.execute(
+            TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
+        )
+    seconds = time.perf_counter() - started
+    if not result.ok:
+        raise BenchError(f"{what} failed: {result.reply.get('evalue')}")
+    return seconds
+
+
 async def _lease_block(pool: Pool, count: int, out: list[float], resets: list[float]) -> None:
     stop = time.monotonic() + STEP_BUDGET_SECONDS
     for _ in range(count):
         if time.monotonic() > stop:
             return
         resets_before = pool.stats().reset.count
-        started = time.perf_counter()
-        async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-            result = await lease.execute(
-                TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
-            )
-        out.append(time.perf_counter() - started)
-        if not result.ok:
-            raise BenchError(f"lease execute failed: {result.reply.get('evalue')}")
+        out.append(await _timed_cell(pool, "lease execute"))
         reset = await _settle(pool, resets_before)
         if reset is not None:
             resets.append(reset)
@@ -90,15 +96,9 @@ async def _cycle_block(pool: Pool, count: int, out: list[float]) -> None:
     for i in range(count + 1):  # the first lease finds an idle kernel: not a full cycle
         if time.monotonic() > stop:
             return
-        started = time.perf_counter()
-        async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-            result = await lease.execute(
-                TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
-            )
+        seconds = await _timed_cell(pool, "cycle execute")
         if i:
-            out.append(time.perf_counter() - started)
-        if not result.ok:
-            raise BenchError(f"cycle execute failed: {result.reply.get('evalue')}")
+            out.append(seconds)
 
 
 async def _replacements(pool: Pool, count: int) -> tuple[list[float], list[float]]:
@@ -129,14 +129,7 @@ async def _throughput(pool: Pool, callers: int, plan: PoolPlan) -> dict[str, Any
         nonlocal issued
         while issued < plan.throughput_max and time.monotonic() < deadline:
             issued += 1
-            started = time.perf_counter()
-            async with pool.lease(wait_seconds=LEASE_WAIT_SECONDS) as lease:
-                result = await lease.execute(
-                    TRIVIAL, deadline=time.monotonic() + EXECUTE_SECONDS, last=True
-                )
-            latencies.append(time.perf_counter() - started)
-            if not result.ok:
-                raise BenchError(f"throughput execute failed: {result.reply.get('evalue')}")
+            latencies.append(await _timed_cell(pool, "throughput execute"))
 
     started = time.perf_counter()
     await asyncio.gather(*(caller() for _ in range(callers)))

@@ -14,6 +14,7 @@ last ``post_run_cell`` hook) and publishes the verdict on IOPub as a ``kernel_po
 message, so a lease costs one round trip instead of two and the reset is off its path.
 """
 
+import asyncio
 import contextlib
 import gc
 import itertools
@@ -120,7 +121,7 @@ def capture():
         cwd=os.getcwd(),
         path=list(sys.path),
         threads=frozenset(t.ident for t in threading.enumerate()),
-        tasks=frozenset(id(t) for t in _loop_tasks()),
+        tasks=frozenset(id(t) for t in _loop_tasks(_running_loop())),
         history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
         modules=dict(sys.modules),
         module_dicts={
@@ -142,7 +143,7 @@ def capture():
     # registered after the setup and preload code's hooks, so it runs after theirs
     if _reset_if_last not in shell.events.callbacks["post_run_cell"]:
         shell.events.register("post_run_cell", _reset_if_last)
-    # a cell's own run-cell hooks would outlive it (and run after an in-kernel reset)
+    # a cell's own run-cell hooks would outlive it and run in later requests' cells
     _baseline["cell_hooks"] = {e: tuple(shell.events.callbacks[e]) for e in _CELL_HOOK_EVENTS}
     gc.collect()
     gc.freeze()  # the warm baseline is never garbage: keep later collections short
@@ -298,21 +299,15 @@ def _restore_process_state(problems):
 
 
 def _running_loop():
+    """The kernel's event loop, when this runs on it (cells and their hooks do)."""
     try:
-        import asyncio
-
         return asyncio.get_running_loop()
     except RuntimeError:
         return None
 
 
-def _loop_tasks():
-    loop = _running_loop()
-    if loop is None:
-        return set()
-    import asyncio
-
-    return asyncio.all_tasks(loop)
+def _loop_tasks(loop):
+    return asyncio.all_tasks(loop) if loop is not None else set()
 
 
 def _kernel_code(filename):
@@ -334,7 +329,7 @@ def _pending_loop_work():
             continue
         problems.append(f"a timer is still scheduled on the kernel's event loop ({callback!r:.80})")
         break
-    for task in _loop_tasks():
+    for task in _loop_tasks(loop):
         if task.done() or id(task) in _baseline["tasks"]:
             continue
         code = getattr(task.get_coro(), "cr_code", None)
@@ -406,14 +401,11 @@ def _reset_if_last(result=None):
     parent = _parent_asking_reset(shell) if _baseline else None
     if parent is None:
         return
-    try:
-        import asyncio
-
-        # the kernel's loop runs this once the handler yields, after the reply and the idle
-        # status: the reset is off the request's path
-        asyncio.get_running_loop().call_soon(_reset_and_report, shell, parent)
-    except RuntimeError:  # no loop running: reset now, before the reply
+    loop = _running_loop()
+    if loop is None:  # no loop running: reset now, before the reply
         _reset_and_report(shell, parent)
+    else:  # run once the handler yields, after the reply: off the request's path
+        loop.call_soon(_reset_and_report, shell, parent)
 
 
 def _reset_and_report(shell, parent):

@@ -328,6 +328,11 @@ class Kernel:
                 total += psutil.Process(pid).memory_info().rss
         return int(total)
 
+    def stray_problems(self) -> list[str]:
+        """What the kernel cannot see from inside: processes a cell left running."""
+        stray = self.stray_children()
+        return [f"{len(stray)} child process(es) still running"] if stray else []
+
     def stray_children(self) -> list[int]:
         """Processes started since the baseline that are still alive.
 
@@ -463,11 +468,7 @@ class Kernel:
             report = _literal(result, "r")
         except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
             return [f"reset failed: {exc}"]
-        problems = [str(p) for p in report.get("problems", [])]
-        stray = self.stray_children()
-        if stray:
-            problems.append(f"{len(stray)} child process(es) still running")
-        return problems
+        return [str(p) for p in report.get("problems", [])] + self.stray_problems()
 
     async def reset_verdict(self, msg_id: str, deadline: float) -> InlineReset | None:
         """The verdict of the reset the kernel ran after request ``msg_id`` (``reset_after``).

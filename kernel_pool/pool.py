@@ -220,11 +220,7 @@ class Pool:
             await self._reset_and_return(kernel)
             return
         self._stats.reset_done(inline.seconds, inline=True)
-        problems = list(inline.problems)
-        stray = kernel.stray_children()
-        if stray:
-            problems.append(f"{len(stray)} child process(es) still running")
-        await self._return_if_clean(kernel, problems)
+        await self._return_if_clean(kernel, [*inline.problems, *kernel.stray_problems()])
 
     async def _return_if_clean(self, kernel: Kernel, problems: list[str]) -> None:
         if kernel.died.is_set():

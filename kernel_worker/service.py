@@ -206,13 +206,22 @@ def _write(
 
 
 def _payload_bytes(run_dir: RunDir, outcome: CellOutcome) -> int:
-    total = len(outcome.stdout) + len(outcome.stderr)
+    files = _run_files(run_dir)
+    return len(outcome.stdout) + len(outcome.stderr) + sum(size for _path, size in files)
+
+
+def _run_files(run_dir: RunDir) -> list[tuple[str, int]]:
+    """(path, size) of every regular file the bundle may take from the run directory."""
+    found: list[tuple[str, int]] = []
     for folder in (run_dir.files, run_dir.display, run_dir.dirs):
         for dirpath, _dirs, files in os.walk(folder):
             for name in files:
+                path = os.path.join(dirpath, name)
                 with contextlib.suppress(OSError):
-                    total += os.lstat(os.path.join(dirpath, name)).st_size
-    return total
+                    info = os.lstat(path)
+                    if stat.S_ISREG(info.st_mode):
+                        found.append((path, info.st_size))
+    return found
 
 
 def _auto_level(run_dir: RunDir, payload: int) -> int:
@@ -235,17 +244,10 @@ def _auto_level(run_dir: RunDir, payload: int) -> int:
 
 
 def _sample_of_largest(run_dir: RunDir) -> bytes:
-    largest, size = "", -1
-    for folder in (run_dir.files, run_dir.display, run_dir.dirs):
-        for dirpath, _dirs, files in os.walk(folder):
-            for name in files:
-                path = os.path.join(dirpath, name)
-                with contextlib.suppress(OSError):
-                    info = os.lstat(path)
-                    if stat.S_ISREG(info.st_mode) and info.st_size > size:
-                        largest, size = path, info.st_size
-    if not largest:
+    files = _run_files(run_dir)
+    if not files:
         return b""
+    largest, size = max(files, key=lambda entry: entry[1])
     try:
         with open(largest, "rb") as fh:
             fh.seek(max(0, size // 2 - _SAMPLE_BYTES // 2))  # past any header

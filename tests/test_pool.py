@@ -491,7 +491,7 @@ async def test_child_process_started_by_a_finished_thread_retires_the_kernel(
 
 
 async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, last: bool) -> None:
-    """It would outlive the cell (and, registered after it, run after the in-kernel reset)."""
+    """It would outlive the cell and run in the next requests' cells."""
     async with pool.lease() as lease:
         first = lease.kernel_id
         await run(lease, (
