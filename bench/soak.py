@@ -41,6 +41,8 @@ import httpx
 import psutil
 import pyarrow as pa
 
+from kernel_pool.forkserver import FORK_SERVER_SCRIPT
+
 from .processes import free_port, server_env
 from .stats import summarize
 
@@ -228,25 +230,46 @@ def _check_bundle(planned: Planned, m: dict[str, Any], members: dict[str, bytes]
 
 
 def kernel_processes(worker_pid: int) -> list[psutil.Process]:
-    """The worker's live kernels (its ipykernel children)."""
-    try:
-        children = psutil.Process(worker_pid).children(recursive=False)
-    except psutil.Error:
-        return []
+    """The worker's live kernels: forked by its fork server, or its own ipykernel children."""
     kernels = []
-    for child in children:
+    for child in _children(worker_pid):
         with contextlib.suppress(psutil.Error):
-            if child.status() != psutil.STATUS_ZOMBIE and "ipykernel" in " ".join(child.cmdline()):
+            command = " ".join(child.cmdline())
+            if FORK_SERVER_SCRIPT in command:
+                kernels.extend(_children(child.pid))
+            elif "ipykernel" in command:
                 kernels.append(child)
-    return kernels
+    return [k for k in kernels if _alive(k)]
+
+
+def fork_servers(worker_pid: int) -> list[psutil.Process]:
+    """The worker's fork server (none when kernels are spawned)."""
+    found = []
+    for child in _children(worker_pid):
+        with contextlib.suppress(psutil.Error):
+            if FORK_SERVER_SCRIPT in " ".join(child.cmdline()):
+                found.append(child)
+    return found
 
 
 def zombies(worker_pid: int) -> list[int]:
-    """Children of the worker that died and were never reaped."""
-    with contextlib.suppress(psutil.Error):
-        children = psutil.Process(worker_pid).children(recursive=False)
-        return [c.pid for c in children if c.status() == psutil.STATUS_ZOMBIE]
-    return []
+    """Children of the worker (or of its fork server) that died and were never reaped."""
+    parents = [worker_pid, *(p.pid for p in fork_servers(worker_pid))]
+    return [c.pid for parent in parents for c in _children(parent) if not _alive(c)]
+
+
+def _children(pid: int) -> list[psutil.Process]:
+    try:
+        return psutil.Process(pid).children(recursive=False)
+    except psutil.Error:
+        return []
+
+
+def _alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def sample(worker_pid: int) -> dict[str, float]:

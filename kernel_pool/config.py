@@ -49,6 +49,8 @@ class PoolConfig:
     restart_backoff_seconds: tuple[float, float] = (0.5, 30.0)
     """First and largest delay between failed kernel starts."""
     extra_arguments: tuple[str, ...] = field(default=())
+    fork_server: bool = True
+    """Fork the native kernel from a process with ipykernel imported (``kernel_name=None``)."""
 
     def __post_init__(self) -> None:
         if self.size < 1:

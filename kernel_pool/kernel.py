@@ -26,19 +26,28 @@ from pathlib import Path
 from typing import Any
 
 import psutil
-from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-from jupyter_client.manager import AsyncKernelManager
 
 from .channels import KernelChannels
 from .config import PoolConfig
 from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
+from .forkserver import ForkServer
+from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
-from .processes import NATIVE_KERNEL_NAME, KernelIdentity, descendants, kernel_identity, threads_of
+from .processes import NATIVE_KERNEL_NAME, descendants, kernel_identity, threads_of
 
 log = logging.getLogger(__name__)
 
 _INKERNEL_SOURCE = (Path(__file__).with_name("_inkernel.py")).read_text(encoding="utf-8")
 _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
+_BOOTSTRAP = (  # loads the helper in a kernel that starts without it
+    "def __kernel_pool_boot(src):\n"
+    "    import sys, types\n"
+    "    mod = types.ModuleType('_kernel_pool_agent')\n"
+    "    exec(compile(src, '<kernel_pool agent>', 'exec'), mod.__dict__)\n"
+    "    sys.modules['_kernel_pool_agent'] = mod\n"
+    f"__kernel_pool_boot({_INKERNEL_SOURCE!r})\n"
+    "del __kernel_pool_boot\n"
+)
 _KERNEL_ARGS = (
     "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
     "--IPKernelApp.capture_fd_output=True",
@@ -80,6 +89,7 @@ class Kernel:
         kernel_dirs: Sequence[Path],
         slot: str | None,
         on_death: Callable[[Kernel], None] | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         self.kernel_id = f"k{next(_ids)}"
         self.slot = slot
@@ -93,8 +103,8 @@ class Kernel:
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._channels: KernelChannels | None = None
         self._reset_verdicts: dict[str, InlineReset] = {}
-        self._km: Any = None
-        self._pidfd: int | None = None
+        self._fork_server = fork_server
+        self._process: KernelProcess | None = None
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
         self._infrastructure_threads: frozenset[int] = frozenset()
@@ -108,15 +118,14 @@ class Kernel:
 
     @property
     def pid(self) -> int | None:
-        provisioner = getattr(self._km, "provisioner", None)
-        return getattr(provisioner, "pid", None)
+        return self._process.pid if self._process is not None else None
 
     async def start(self) -> None:
         """Start the process, run setup code and preload, and capture the baseline."""
         started = time.monotonic()
         try:
-            await self._launch()
             deadline = started + self._config.start_timeout_seconds
+            await self._launch(deadline)
             await self._run_startup_code(deadline)
         except BaseException:
             await self.kill()
@@ -126,19 +135,6 @@ class Kernel:
         log.info(
             "kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot
         )
-
-    def _hand_over_to_kernel_user(self, identity: KernelIdentity) -> dict[str, Any]:
-        """Let the kernel's user use its own directory; the Popen arguments that drop to it.
-
-        The connection file is written (and given to that user) before the launch; the
-        kernel reads it once, at start, and it is deleted as soon as the kernel is ready.
-        """
-        uid, gid = identity
-        os.chown(self._kernel_dir, uid, gid)
-        self._km.write_connection_file()
-        os.chown(self._km.connection_file, uid, gid)
-        cwd = {} if self._config.kernel_cwd is not None else {"cwd": str(self._kernel_dir)}
-        return {"user": uid, "group": gid, "extra_groups": [], **cwd}
 
     def _environment(self) -> dict[str, str]:
         env = dict(self._config.env if self._config.env is not None else os.environ)
@@ -151,46 +147,41 @@ class Kernel:
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
         return env
 
-    async def _launch(self) -> None:
-        name = self._config.kernel_name or NATIVE_KERNEL_NAME
-        if self._config.kernel_name is None:
-            ksm = KernelSpecManager(kernel_dirs=[str(d) for d in self._kernel_dirs])
-        else:
-            ksm = KernelSpecManager()
-        self._km = AsyncKernelManager(
-            kernel_name=name,
-            kernel_spec_manager=ksm,
-            connection_file=str(self._kernel_dir / "connection.json"),
-        )
-        self._km.shutdown_wait_time = self._config.shutdown_timeout_seconds
-        self._km.transport = "ipc"  # unix sockets inside the kernel's private directory
-        self._km.ip = str(self._kernel_dir / "ipc")
-        kwargs: dict[str, Any] = {
-            "env": self._environment(),
-            "extra_arguments": [*_KERNEL_ARGS, *self._config.extra_arguments],
-        }
+    def _cwd(self) -> Path:
         if self._config.kernel_cwd is not None:
-            kwargs["cwd"] = str(self._config.kernel_cwd)
+            return self._config.kernel_cwd
+        # the kernel's user gets its own directory; otherwise the worker's directory
+        return self._kernel_dir if self._identity is not None else Path.cwd()
+
+    async def _launch(self, deadline: float) -> None:
         if self._identity is not None:
-            kwargs.update(self._hand_over_to_kernel_user(self._identity))
-        try:
-            await self._km.start_kernel(**kwargs)
-        except NoSuchKernel as exc:
-            raise KernelStartError(f"no such kernelspec: {name!r}") from exc
-        except (OSError, ValueError, RuntimeError) as exc:
-            raise KernelStartError(f"kernel process could not be started: {exc}") from exc
-        self._watch_process()
+            os.chown(self._kernel_dir, *self._identity)
+        arguments = [*_KERNEL_ARGS, *self._config.extra_arguments]
+        env, cwd = self._environment(), self._cwd()
+        if self._config.kernel_name is None and self._fork_server is not None:
+            forked = ForkedKernel(self._kernel_dir / "connection.json", self._kernel_dir / "ipc")
+            self._process = forked
+            await forked.start(
+                self._fork_server, arguments, env, cwd, self._identity, _INKERNEL_SOURCE, deadline
+            )
+        else:
+            native = self._config.kernel_name is None
+            spawned = SpawnedKernel(
+                self._config.kernel_name or NATIVE_KERNEL_NAME,
+                self._kernel_dirs if native else None,
+                self._kernel_dir,
+            )
+            self._process = spawned
+            await spawned.start(
+                arguments, env, cwd, self._identity, self._config.shutdown_timeout_seconds
+            )
+        self._process.watch(self._on_exit)
         self._channels = KernelChannels(
-            self._km.get_connection_info(), self._km.session, self._deliver
+            self._process.connection_info, self._process.session, self._deliver
         )
         await self._wait_ready()
-        self._forget_connection_file()
-
-    def _forget_connection_file(self) -> None:
-        """Under another user, no file may give a cell another kernel's key."""
-        if self._identity is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self._km.connection_file)
+        if self._identity is not None:  # no file may give a cell another kernel's key
+            self._process.forget_connection_file()
 
     async def _wait_ready(self) -> None:
         """Wait until the kernel answers ``kernel_info`` and its IOPub messages reach us.
@@ -233,15 +224,9 @@ class Kernel:
         return True
 
     async def _run_startup_code(self, deadline: float) -> None:
-        bootstrap = (
-            "def __kernel_pool_boot(src):\n"
-            "    import sys, types\n"
-            "    mod = types.ModuleType('_kernel_pool_agent')\n"
-            "    exec(compile(src, '<kernel_pool agent>', 'exec'), mod.__dict__)\n"
-            "    sys.modules['_kernel_pool_agent'] = mod\n"
-            f"__kernel_pool_boot({_INKERNEL_SOURCE!r})\n"
-            "del __kernel_pool_boot\n"
-        )
+        # a forked kernel has the helper loaded already (see kernel_pool._zygote)
+        has_agent = self._process is not None and self._process.has_agent
+        bootstrap = "" if has_agent else _BOOTSTRAP
         # as few round trips as the order allows: the helper calls ride on the code's
         # execution (user expressions run after the code, and only if it succeeded)
         mark = {"mark": f"{_HELPER}.mark_before_preload()"}
@@ -279,31 +264,11 @@ class Kernel:
 
     # -- process watching ------------------------------------------------------------------------
 
-    def _watch_process(self) -> None:
-        pid = self.pid
-        if pid is None:
-            return
-        loop = asyncio.get_running_loop()
-        try:
-            self._pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):  # no pidfd: fall back to a waiting thread
-            process = self._km.provisioner.process
-            task = asyncio.ensure_future(asyncio.to_thread(process.wait))
-            task.add_done_callback(lambda _: self._on_exit())
-            return
-        loop.add_reader(self._pidfd, self._on_exit)
-
-    def _on_exit(self) -> None:
-        if self._pidfd is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(self._pidfd)
-                os.close(self._pidfd)
-            self._pidfd = None
-        process = getattr(getattr(self._km, "provisioner", None), "process", None)
-        self._exit_code = process.poll() if process is not None else None
+    def _on_exit(self, exit_code: int | None) -> None:
+        self._exit_code = exit_code
         if not self.died.is_set():
             self.died.set()
-            self._events.put_nowait(("died", self._exit_code))
+            self._events.put_nowait(("died", exit_code))
             if self._on_death is not None and self.state is not KernelState.STOPPED:
                 self._on_death(self)
 
@@ -453,8 +418,8 @@ class Kernel:
 
     async def interrupt(self) -> None:
         """Send SIGINT to the kernel's process group."""
-        if self._km is not None and not self.died.is_set():
-            await self._km.interrupt_kernel()
+        if self._process is not None and not self.died.is_set():
+            await self._process.interrupt()
 
     # -- reset and shutdown ----------------------------------------------------------------
 
@@ -528,12 +493,19 @@ class Kernel:
                 proc.send_signal(sig)
 
     async def _teardown(self, *, now: bool) -> None:
-        if self._channels is not None:
-            self._channels.close()
+        channels = self._channels
+        if self._process is not None:
+
+            def ask() -> None:
+                if channels is not None:
+                    channels.send("shutdown_request", {"restart": False})
+
+            await self._process.stop(
+                now=now, grace=self._config.shutdown_timeout_seconds, ask=ask
+            )
+            if not self.died.is_set():
+                self._on_exit(None)
+        if channels is not None:
+            channels.close()
             self._channels = None
-        if self._km is not None:
-            with contextlib.suppress(Exception):  # already dead or never started
-                await self._km.shutdown_kernel(now=now)
-        if self._pidfd is not None:
-            self._on_exit()
         await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)

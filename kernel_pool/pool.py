@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
+from .forkserver import ForkServer
 from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
 from .processes import native_kernelspec_dir
@@ -51,6 +53,9 @@ class Pool:
         self._started = False
         self._private_dir: Path | None = None
         self._kernel_dirs: list[Path] = []
+        self._fork_server: ForkServer | None = None
+        if config.fork_server and config.kernel_name is None:
+            self._fork_server = ForkServer(config.env if config.env is not None else os.environ)
         self._stats = StatsRecorder()
 
     def _initial_slots(self) -> list[str | None]:
@@ -101,6 +106,8 @@ class Pool:
         for _ in kernels:
             self._stats.retired(RetireReason.SHUTDOWN)
         await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
+        if self._fork_server is not None:
+            await self._fork_server.aclose()
         if self._private_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._private_dir, True)
 
@@ -274,6 +281,7 @@ class Pool:
             self._kernel_dirs,
             self._free_slots.pop(),
             on_death=self._on_kernel_death,
+            fork_server=self._fork_server,
         )
         self._kernels[kernel.kernel_id] = kernel
         try:

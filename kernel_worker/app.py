@@ -58,6 +58,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         size=settings.pool_size,
         spares=settings.spares,
         kernel_name=settings.kernel_name,
+        fork_server=settings.kernel_start == "fork",
         setup_code=setup_code(),
         preload=preload,
         recycle=settings.recycle,

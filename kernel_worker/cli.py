@@ -99,6 +99,13 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "Jupyter kernelspec to run (default: ipykernel of this Python)",
     ),
     (
+        "--kernel-start",
+        f"{ENV_PREFIX}KERNEL_START",
+        str,
+        "'fork' kernels from a process with ipykernel imported (default; ipykernel of this "
+        "Python only) or 'spawn' each from a new interpreter",
+    ),
+    (
         "--preload",
         f"{ENV_PREFIX}PRELOAD",
         str,
@@ -231,6 +238,8 @@ def _settings(
     recycle = values.pop("recycle", "reset")
     if recycle not in ("reset", "fresh"):
         parser.error("--recycle must be 'reset' or 'fresh'")
+    if values.get("kernel_start", "fork") not in ("fork", "spawn"):
+        parser.error("--kernel-start must be 'fork' or 'spawn'")
     kernel_user = values.get("kernel_user")
     if kernel_user is not None:
         try:

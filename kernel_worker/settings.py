@@ -72,6 +72,8 @@ class Settings:
     pool_size: int = 2
     spares: int = 0
     kernel_name: str | None = None
+    kernel_start: str = "fork"
+    """'fork' (from the pool's fork server) or 'spawn'; see kernel_pool.PoolConfig.fork_server."""
     preload: str | None = None
     recycle: RecyclePolicy = RecyclePolicy.RESET
     max_uses: int | None = None

@@ -36,6 +36,8 @@ from bench.soak import (
     RSS_BOUND_MB,
     Chaos,
     MixResult,
+    fork_servers,
+    kernel_processes,
     run_mix,
     sample,
     wait_settled,
@@ -82,8 +84,11 @@ def test_mixed_load_while_kernels_are_killed(tmp_path_factory: pytest.TempPathFa
         assert growth < RSS_BOUND_MB, f"worker RSS grew {growth:.0f} MiB under load"
         assert after["worker_fds"] <= before["worker_fds"] + FD_SLACK, (before, after)
         assert not zombies(pid), "killed kernels were never reaped"
-        children = psutil.Process(pid).children()
-        assert len(children) == KERNELS, [c.cmdline() for c in children]
+        kernels = kernel_processes(pid)
+        assert len(kernels) == KERNELS, [k.cmdline() for k in kernels]
+        # nothing else: the kernels, and the fork server they came from
+        expected = {k.pid for k in kernels} | {p.pid for p in fork_servers(pid)}
+        assert {c.pid for c in psutil.Process(pid).children(recursive=True)} == expected
         assert not list(worker.run_dir.iterdir()), "files left in the run directory"
     finally:
         worker.stop()  # no kernel process (any seen during the run) or run directory left

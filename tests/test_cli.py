@@ -16,6 +16,7 @@ def test_defaults() -> None:
     assert (s.host, s.port, s.pool_size, s.recycle) == ("127.0.0.1", 9000, 2, RecyclePolicy.RESET)
     assert s.timeout_status == 408 and s.token is None
     assert s.max_input_bytes == 2 * 1024**3
+    assert s.kernel_start == "fork"
 
 
 def test_token_binds_all_interfaces_unless_host_given() -> None:
@@ -29,6 +30,7 @@ def test_environment_and_flags() -> None:
         "STRATA_KERNEL_WORKER_MAX_KERNEL_MEMORY": "2G",
         "STRATA_WORKER_MAX_INPUT_BYTES": "1000",
         "STRATA_KERNEL_WORKER_RECYCLE": "fresh",
+        "STRATA_KERNEL_WORKER_KERNEL_START": "spawn",
     }
     s = settings_from(["--pool-size", "4", "--timeout-status", "504"], env)
     assert s.pool_size == 4  # the flag wins
@@ -36,6 +38,7 @@ def test_environment_and_flags() -> None:
     assert s.max_input_bytes == 1000
     assert s.recycle is RecyclePolicy.FRESH
     assert s.timeout_status == 504
+    assert s.kernel_start == "spawn"
 
 
 def test_gpu_slots_set_the_pool_size() -> None:
@@ -48,7 +51,7 @@ def test_gpu_slots_set_the_pool_size() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--timeout-status", "500"],
+    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--timeout-status", "500"],
      ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"]],
 )  # fmt: skip
 def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,6 +16,8 @@ import httpx
 import psutil
 import pytest
 
+from bench.soak import kernel_processes
+
 from .conftest import WorkerProcess, start_worker
 from .wire import execute, read_bundle, run_ok
 
@@ -70,7 +72,7 @@ def retired(client: httpx.Client, reason: str) -> int:
 
 
 def kernel_pids(worker: WorkerProcess) -> set[int]:
-    return {p.pid for p in psutil.Process(worker.proc.pid).children(recursive=False)}
+    return {p.pid for p in kernel_processes(worker.proc.pid)}
 
 
 @pytest.mark.parametrize(

@@ -78,9 +78,10 @@ def test_kernels_run_confined(confined: WorkerProcess) -> None:
         "        return 'denied'\n"
         "    except FileNotFoundError:\n"
         "        return 'absent'\n"
-        "parent = os.getppid()\n"
-        "environ = attempt(lambda: open(f'/proc/{parent}/environ', 'rb').read())\n"
-        "memory = attempt(lambda: open(f'/proc/{parent}/mem', 'rb').read(1))\n"
+        # the worker, and the kernel's parent (the fork server, which runs as root too)
+        "parents = {worker, os.getppid()}\n"
+        "environ = sorted({attempt(lambda: open(f'/proc/{p}/environ', 'rb').read()) for p in parents})\n"
+        "memory = sorted({attempt(lambda: open(f'/proc/{p}/mem', 'rb').read(1)) for p in parents})\n"
         "private = pathlib.Path(os.environ['IPYTHONDIR']).parent.parent\n"
         "listing = attempt(lambda: os.listdir(private))\n"
         "keys = [p for p in glob.glob(str(private / '*' / 'connection.json'))]\n"
@@ -89,11 +90,12 @@ def test_kernels_run_confined(confined: WorkerProcess) -> None:
     )
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=confined.url, timeout=60, headers=auth) as c:
-        bundle = run_ok(c, source, [({"name": "value", "format": "json/object"}, b"41")])
+        worker = ({"name": "worker", "format": "json/object"}, str(confined.proc.pid).encode())
+        bundle = run_ok(c, source, [({"name": "value", "format": "json/object"}, b"41"), worker])
         v = bundle.variables
         assert v["uid"]["preview"] == pwd.getpwnam(USER).pw_uid
-        assert v["environ"]["preview"] == "denied"
-        assert v["memory"]["preview"] == "denied"
+        assert v["environ"]["preview"] == ["denied"]
+        assert v["memory"]["preview"] == ["denied"]
         assert v["listing"]["preview"] == "denied"  # other kernels' dirs cannot be listed
         assert v["keys"]["preview"] == []  # connection files are gone once kernels start
         assert v["run_parent"]["preview"] == "denied"  # other requests' run dirs are unlisted

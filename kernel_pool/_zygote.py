@@ -1,0 +1,198 @@
+"""The fork server: a process with ipykernel already imported that forks kernels on request.
+
+Run by :mod:`kernel_pool.forkserver` as a script (``python _zygote.py FD``), never imported
+by the pool. Starting a kernel from a fresh interpreter spends most of its time importing
+ipykernel, IPython, ZMQ and tornado; a fork of this process starts with all of that in
+memory, so a kernel is ready in a fraction of the time and with a fraction of the CPU.
+
+Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
+
+- request: a JSON object ``{"argv", "env", "cwd", "uid", "gid", "agent"}`` with one file
+  descriptor attached, the write end of the kernel's status pipe. ``agent`` is the source of
+  the pool's in-kernel helper: compiled and run here once, the kernel finds the module
+  ``_kernel_pool_agent`` already loaded;
+- reply: ``{"pid": N}`` or ``{"error": "..."}``.
+
+When a kernel exits, its exit code (``Popen.returncode`` convention: negative for a signal)
+is written to its status pipe as a line of text and the pipe is closed; a status pipe that
+closes without a line means this process is gone. Each kernel leads its own session. This
+process exits when the pool's end of the socket closes, and kills every kernel it forked
+(with its process group) as it does. It never starts a thread or an event loop, so forking
+is safe: nothing here may import something that does.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import signal
+import socket
+import sys
+import types
+from typing import Any
+
+import ipykernel.kernelapp
+
+_PR_SET_DUMPABLE = 4
+# what a kernel imports while it starts (measured): imported once here instead of per kernel
+_PRELOAD = (
+    "ipykernel.ipkernel",
+    "ipykernel.zmqshell",
+    "ipykernel.debugger",
+    "IPython.core.interactiveshell",
+    "pdb",
+)
+
+
+def _warm_up() -> None:
+    """Do once here what every kernel would do at start, and freeze the result.
+
+    IPython parses its colour themes when a shell is created (a fifth of a forked kernel's
+    start). Frozen objects are never traversed by a kernel's collections, and no collection
+    writes to their pages, so they stay shared between kernels.
+    """
+    for name in _PRELOAD:
+        importlib.import_module(name)
+    with contextlib.suppress(Exception):  # IPython versions without theme tables
+        from IPython.utils import PyColorize
+
+        for name in getattr(PyColorize, "_BUILTIN_THEMES", ()):
+            PyColorize.theme_table[name]
+    gc.collect()
+    gc.freeze()
+
+_status_pipes: dict[int, int] = {}  # kernel pid -> write end of its status pipe
+_agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
+
+
+def _reap(signum: int = 0, frame: Any = None) -> None:
+    """Collect exited kernels and report their exit codes."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = _status_pipes.pop(pid, None)
+        if fd is not None:
+            with contextlib.suppress(OSError):  # the pool stopped listening
+                os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            os.close(fd)
+
+
+def _agent(source: str) -> types.ModuleType:
+    module = _agents.get(source)
+    if module is None:
+        module = types.ModuleType("_kernel_pool_agent")
+        exec(compile(source, "<kernel_pool agent>", "exec"), module.__dict__)
+        _agents[source] = module
+        gc.freeze()
+    return module
+
+
+def _kill_kernels() -> None:
+    """Kill every kernel still running, with its process group (cell processes too)."""
+    for pid in list(_status_pipes):
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+
+
+def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
+    """In the forked child: drop to the kernel's identity and environment, run ipykernel."""
+    code = 1
+    try:
+        os.setsid()  # its own session and process group: signals reach it and its children
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if request.get("uid") is not None:
+            os.setgroups([])
+            os.setgid(request["gid"])
+            os.setuid(request["uid"])
+            # a change of identity without exec makes the process undumpable (its /proc
+            # files root's) until exec, which a forked kernel never does: as a spawned
+            # kernel starts (the pool's helper decides later what a cell may see)
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 1, 0, 0, 0)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        sys.path[0] = os.getcwd()  # as ``python -m ipykernel_launcher`` run in cwd has it
+        sys.modules["_kernel_pool_agent"] = agent
+        # its default was read from the environment when this process imported ipykernel
+        argv = [*request["argv"], f"--IPKernelApp.parent_handle={os.getppid()}"]
+        sys.argv = [ipykernel.kernelapp.__file__, *argv]
+        code = 0
+        ipykernel.kernelapp.launch_new_instance(argv=argv)
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # never return into the fork server's loop
+
+
+def _serve(sock: socket.socket) -> None:
+    while True:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 1)
+        except OSError:
+            return
+        if not data:
+            return  # the pool closed its end: stop
+        try:
+            request = json.loads(data)
+            if len(fds) != 1:
+                raise ValueError("a spawn request needs exactly one status pipe")
+            agent = _agent(request["agent"])
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # a kernel that exits at once must find its status pipe registered
+            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
+            try:
+                pid = os.fork()
+                if pid == 0:
+                    _become_kernel(request, agent)
+                _status_pipes[pid] = fds[0]
+            finally:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+        except (OSError, ValueError, KeyError, SyntaxError) as exc:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": str(exc)}).encode())
+            continue
+        sock.send(json.dumps({"pid": pid}).encode())
+
+
+def main() -> None:
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    signal.signal(signal.SIGCHLD, _reap)
+    _reap()  # a kernel that exited before the handler was set
+    _warm_up()
+    try:
+        _serve(sock)
+    finally:
+        # the pool is gone (or replaced this process): nothing it started may outlive it.
+        # Were this process killed instead, each kernel's lifeline (see _inkernel) notices
+        # its parent is gone and kills its group
+        _kill_kernels()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""The pool's side of the fork server (:mod:`kernel_pool._zygote`).
+
+One fork server per pool, started on the first kernel start and again after it dies. It
+forks kernels with ipykernel already imported: a kernel start costs a fork and ipykernel's
+own initialisation instead of a new interpreter and every import (about 0.35 s of CPU on
+these machines, which a 2-core box was spending while other cells waited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from .errors import KernelStartError
+
+log = logging.getLogger(__name__)
+
+_ZYGOTE = Path(__file__).with_name("_zygote.py")
+FORK_SERVER_SCRIPT = "kernel_pool/_zygote.py"
+"""In the command line of a fork server and of every kernel it forked (``ps`` shows them so)."""
+
+ExitCallback = Callable[[int | None], None]
+
+
+class ForkedKernelProcess:
+    """A kernel forked by the fork server: its pid, and its exit status as it happens."""
+
+    def __init__(self, pid: int, status_fd: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+        self._status_fd: int | None = status_fd
+        self._on_exit: ExitCallback | None = None
+        self._exited = asyncio.Event()
+
+    def watch(self, on_exit: ExitCallback) -> None:
+        """Call ``on_exit(returncode)`` once, when the process has exited (or is lost)."""
+        self._on_exit = on_exit
+        if self._status_fd is not None:
+            asyncio.get_running_loop().add_reader(self._status_fd, self._read_status)
+
+    def _read_status(self) -> None:
+        fd = self._status_fd
+        if fd is None:
+            return
+        try:
+            data = os.read(fd, 64)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self.close()
+        self._exited.set()
+        # no line: the fork server died; the kernel's lifeline kills it (see _inkernel)
+        with contextlib.suppress(ValueError):
+            self.returncode = int(data.decode().strip())
+        if self._on_exit is not None:
+            self._on_exit(self.returncode)
+
+    def close(self) -> None:
+        fd, self._status_fd = self._status_fd, None
+        if fd is not None:
+            with contextlib.suppress(ValueError, OSError):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+
+    async def wait(self, seconds: float) -> bool:
+        """Whether the process exited within ``seconds``."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._exited.wait(), seconds)
+        return self._exited.is_set()
+
+    def signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, sig)
+
+
+class ForkServer:
+    """Starts the fork server when first needed; forks kernels from it."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        # ipykernel's debugger support (imported there) warns about frozen modules otherwise
+        self._env = {**env, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        self._lock = asyncio.Lock()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._sock: socket.socket | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def _start(self) -> socket.socket:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = subprocess.Popen(
+                [sys.executable, str(_ZYGOTE), str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=self._env,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # a terminal's ^C is for the worker, not for it
+            )
+        except OSError as exc:
+            ours.close()
+            raise KernelStartError(f"fork server could not be started: {exc}") from exc
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        log.info("fork server started (pid %s)", self._process.pid)
+        return ours
+
+    async def spawn(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        cwd: str,
+        identity: tuple[int, int] | None,
+        agent: str,
+        deadline: float,
+    ) -> ForkedKernelProcess:
+        """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
+
+        ``agent``: source of the module ``_kernel_pool_agent``, loaded in the kernel.
+        """
+        request = {
+            "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent,
+            "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
+        }  # fmt: skip
+        read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        try:
+            async with self._lock:
+                reply = await self._ask(request, write_end, deadline)
+        except BaseException:
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # the fork server holds its own copy now
+        if "pid" not in reply:
+            os.close(read_end)
+            raise KernelStartError(f"fork server could not fork a kernel: {reply.get('error')}")
+        return ForkedKernelProcess(int(reply["pid"]), read_end)
+
+    async def _ask(self, request: dict[str, Any], fd: int, deadline: float) -> dict[str, Any]:
+        sock = self._sock if self._alive() else None
+        if sock is None:
+            await self._stop()
+            sock = self._start()
+        # the kernel exits if its parent does, as a spawned kernel does with the worker
+        request["env"]["JPY_PARENT_PID"] = str(self.pid)
+        loop = asyncio.get_running_loop()
+        try:
+            socket.send_fds(sock, [json.dumps(request).encode()], [fd])
+            data = await asyncio.wait_for(
+                loop.sock_recv(sock, 65536), max(0.0, deadline - time.monotonic())
+            )
+        except (OSError, TimeoutError) as exc:
+            await self._stop()
+            raise KernelStartError(f"fork server did not answer: {exc!r}") from exc
+        if not data:
+            await self._stop()
+            raise KernelStartError("fork server exited")
+        reply: dict[str, Any] = json.loads(data)
+        return reply
+
+    def _alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    async def _stop(self) -> None:
+        if self._sock is not None:
+            self._sock.close()  # the fork server exits when it sees the end of its socket
+            self._sock = None
+        process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            await asyncio.wait_for(asyncio.to_thread(process.wait), 5)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
+            await asyncio.to_thread(process.wait)
+
+    async def aclose(self) -> None:
+        """Stop the fork server (kernels it forked die with it)."""
+        async with self._lock:
+            await self._stop()

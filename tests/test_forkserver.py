@@ -1,0 +1,184 @@
+"""Kernels forked from the fork server (the default), and spawned ones (``fork_server=False``)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+
+import psutil
+import pytest
+
+from kernel_pool import KernelDied, Lease, Pool, PoolConfig
+from kernel_pool.forkserver import FORK_SERVER_SCRIPT
+
+from .test_pool import alive, run, settle
+
+
+def children_of(pid: int) -> set[int]:
+    return {p.pid for p in psutil.Process(pid).children() if p.status() != psutil.STATUS_ZOMBIE}
+
+
+def fork_server_of(pool: Pool) -> psutil.Process:
+    """The parent of the pool's kernels: a fork server, started by this process."""
+    parents = {psutil.Process(pid).ppid() for pid in pool.kernel_pids().values() if pid}
+    assert len(parents) == 1, parents
+    server = psutil.Process(parents.pop())
+    assert FORK_SERVER_SCRIPT in " ".join(server.cmdline())
+    assert server.ppid() == os.getpid()
+    return server
+
+
+async def facts(lease: Lease) -> dict[str, object]:
+    code = (
+        "import json, os, sys, threading\n"
+        "print(json.dumps({'ppid': os.getppid(), 'cwd': os.getcwd(), 'path0': sys.path[0],\n"
+        "    'pgid': os.getpgid(0), 'sid': os.getsid(0), 'pid': os.getpid(),\n"
+        "    'environ': open('/proc/self/environ', 'rb').read().decode(errors='replace'),\n"
+        "    'env': dict(os.environ), 'fds': sorted(os.listdir('/proc/self/fd'))}))\n"
+    )
+    return dict(json.loads(await run(lease, code)))
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    async with Pool(PoolConfig(size=2)) as p:
+        yield p
+
+
+async def test_kernels_are_forked_children_of_the_fork_server(pool: Pool) -> None:
+    server = fork_server_of(pool)
+    assert {pid for pid in pool.kernel_pids().values() if pid} == children_of(server.pid)
+    async with pool.lease() as lease:
+        seen = await facts(lease)
+    assert seen["ppid"] == server.pid
+    # leads its own session, as a spawned kernel does: signals to its group reach only it
+    assert seen["pid"] == seen["pgid"] == seen["sid"]
+    assert seen["cwd"] == os.getcwd() and seen["path0"] == os.getcwd()
+    env = seen["env"]
+    assert isinstance(env, dict) and env["JPY_PARENT_PID"] == str(server.pid)
+
+
+async def test_forked_kernels_see_only_the_pool_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("WORKER_ONLY_SECRET", "s3cret")
+    env = {"PATH": os.environ["PATH"], "GIVEN": "yes"}
+    async with Pool(PoolConfig(size=1, env=env, gpu_slots=("7",))) as pool, pool.lease() as lease:
+        seen = await facts(lease)
+    kernel_env = seen["env"]
+    assert isinstance(kernel_env, dict)
+    assert kernel_env["GIVEN"] == "yes" and kernel_env["CUDA_VISIBLE_DEVICES"] == "7"
+    assert "WORKER_ONLY_SECRET" not in kernel_env
+    # not in the process's initial environment block either (what /proc shows)
+    assert "s3cret" not in str(seen["environ"])
+
+
+async def test_a_forked_kernel_inherits_no_descriptor_of_the_pool(pool: Pool) -> None:
+    async with pool.lease() as first, pool.lease() as second:
+        a, b = await facts(first), await facts(second)
+    # both kernels hold the same set of descriptors (their own sockets), none of the
+    # status pipes of kernels forked before them
+    assert len(a["fds"]) == len(b["fds"])  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [("import os\nos._exit(3)", 3), ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", -9)],
+    ids=["exit-3", "sigkill"],
+)  # fmt: skip
+async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status: int) -> None:
+    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool:
+        async with pool.lease() as lease:
+            with pytest.raises(KernelDied) as died:
+                await lease.execute(code, deadline=time.monotonic() + 20)
+        assert died.value.exit_code == status
+        await settle(pool, idle=1)
+        async with pool.lease() as lease:
+            assert await run(lease, "print(6 * 7)") == "42\n"
+
+
+async def test_spawned_kernels_interrupt_and_run() -> None:
+    async with Pool(PoolConfig(size=1, fork_server=False)) as pool:
+        (pid,) = pool.kernel_pids().values()
+        assert pid is not None and psutil.Process(pid).ppid() == os.getpid()
+        async with pool.lease() as lease:
+            assert await run(lease, "import sys; print(sys.argv[0].endswith('ipykernel_launcher.py'))") == "True\n"
+            task = asyncio.ensure_future(run(lease, "import time\ntime.sleep(30)"))
+            await asyncio.sleep(0.5)
+            await lease.interrupt()
+            with pytest.raises(AssertionError, match="KeyboardInterrupt"):
+                await task
+            assert await run(lease, "print('still here')") == "still here\n"
+
+
+async def test_losing_the_fork_server_replaces_its_kernels() -> None:
+    async with Pool(PoolConfig(size=2)) as pool:
+        server = fork_server_of(pool)
+        kernels = {pid for pid in pool.kernel_pids().values() if pid}
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(10)
+        deadline = time.monotonic() + 30
+        while any(alive(pid) for pid in kernels):  # they die with it
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        await settle(pool, idle=2)
+        assert not kernels & {pid for pid in pool.kernel_pids().values() if pid}
+        replacement = fork_server_of(pool)
+        assert replacement.pid != server.pid
+        async with pool.lease() as lease:
+            assert await run(lease, "print('back')") == "back\n"
+    assert not alive(replacement.pid)
+
+
+async def test_closing_the_pool_stops_the_fork_server_and_every_kernel() -> None:
+    pool = Pool(PoolConfig(size=2, spares=1))
+    await pool.start()
+    server = fork_server_of(pool)
+    kernels = {pid for pid in pool.kernel_pids().values() if pid}
+    assert len(kernels) == 3
+    await pool.aclose()
+    assert not alive(server.pid)
+    assert not any(alive(pid) for pid in kernels)
+
+
+def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
+    """SIGKILL of the process that owns the pool: the fork server and its kernels exit."""
+    script = (
+        "import asyncio, json, os, sys\n"
+        "from kernel_pool import Pool, PoolConfig\n"
+        "async def main():\n"
+        "    pool = Pool(PoolConfig(size=2))\n"
+        "    await pool.start()\n"
+        "    print(json.dumps(list(pool.kernel_pids().values())), flush=True)\n"
+        "    await asyncio.sleep(3600)\n"
+        "asyncio.run(main())\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    started: list[int] = []
+    try:
+        assert owner.stdout is not None
+        kernels = json.loads(owner.stdout.readline())
+        servers = children_of(owner.pid)
+        started = [*kernels, *servers]
+        assert len(kernels) == 2 and len(servers) == 1
+        owner.kill()
+        owner.wait(10)
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in started):
+            assert time.monotonic() < deadline, "kernels outlived the process that owned the pool"
+            time.sleep(0.05)
+    finally:
+        owner.kill()
+        owner.wait(10)
+        if owner.stdout is not None:
+            owner.stdout.close()
+        for pid in started:  # only if the test failed
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
