@@ -47,6 +47,8 @@ _PRELOAD = (
     "IPython.core.interactiveshell",
     "pdb",
 )
+_status_pipes: dict[int, int] = {}  # kernel pid -> write end of its status pipe
+_agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
 
 
 def _warm_up() -> None:
@@ -65,9 +67,6 @@ def _warm_up() -> None:
             PyColorize.theme_table[name]
     gc.collect()
     gc.freeze()
-
-_status_pipes: dict[int, int] = {}  # kernel pid -> write end of its status pipe
-_agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
 
 
 def _reap(signum: int = 0, frame: Any = None) -> None:
@@ -171,7 +170,7 @@ def _serve(sock: socket.socket) -> None:
                 _status_pipes[pid] = fds[0]
             finally:
                 signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
-        except (OSError, ValueError, KeyError, SyntaxError) as exc:
+        except Exception as exc:  # a bad request (or helper source) is answered, not fatal
             for fd in fds:
                 os.close(fd)
             sock.send(json.dumps({"error": str(exc)}).encode())

@@ -1,12 +1,12 @@
 """One kernel's lifecycle: start, execute, interrupt, kill.
 
-This is the only module that talks to jupyter_client and the only place its errors are
-translated into :mod:`kernel_pool.errors`. A :class:`Kernel` runs one execution at a time;
-the pool guarantees that.
+The process itself is started by :mod:`kernel_pool.launch` (forked by the fork server, or
+spawned by jupyter_client). A :class:`Kernel` runs one execution at a time; the pool
+guarantees that.
 
-Messages are read by two pump tasks (shell and IOPub) into one event queue per kernel; the
-kernel's death is observed through a pidfd (event-driven, no polling), and arrives on the same
-queue, so an execution waits on exactly one thing.
+Messages are read from the shell and IOPub sockets into one event queue per kernel; the
+kernel's death (its status pipe from the fork server, or a pidfd) arrives on the same queue,
+event-driven, so an execution waits on exactly one thing.
 """
 
 from __future__ import annotations
@@ -500,9 +500,7 @@ class Kernel:
                 if channels is not None:
                     channels.send("shutdown_request", {"restart": False})
 
-            await self._process.stop(
-                now=now, grace=self._config.shutdown_timeout_seconds, ask=ask
-            )
+            await self._process.stop(now=now, grace=self._config.shutdown_timeout_seconds, ask=ask)
             if not self.died.is_set():
                 self._on_exit(None)
         if channels is not None:

@@ -109,7 +109,10 @@ async def test_spawned_kernels_interrupt_and_run() -> None:
         (pid,) = pool.kernel_pids().values()
         assert pid is not None and psutil.Process(pid).ppid() == os.getpid()
         async with pool.lease() as lease:
-            assert await run(lease, "import sys; print(sys.argv[0].endswith('ipykernel_launcher.py'))") == "True\n"
+            assert (
+                await run(lease, "import sys; print(sys.argv[0].endswith('ipykernel_launcher.py'))")
+                == "True\n"
+            )
             task = asyncio.ensure_future(run(lease, "import time\ntime.sleep(30)"))
             await asyncio.sleep(0.5)
             await lease.interrupt()
