@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 
 import pytest
 
 from kernel_pool import RecyclePolicy
-from kernel_worker.cli import settings_from
+from kernel_worker.cli import keep_transfer_buffers, settings_from
 
 
 def test_defaults() -> None:
@@ -39,6 +40,11 @@ def test_environment_and_flags() -> None:
     assert s.recycle is RecyclePolicy.FRESH
     assert s.timeout_status == 504
     assert s.kernel_start == "spawn"
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
+def test_transfer_buffers_are_kept_on_glibc() -> None:
+    assert keep_transfer_buffers()
 
 
 def test_gpu_slots_set_the_pool_size() -> None:

@@ -219,6 +219,25 @@ def test_corrupt_input_is_a_clear_cell_error(client: httpx.Client) -> None:
     assert bundle.manifest["error"].startswith("Error deserializing df:")
 
 
+def minor_faults(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[7])
+
+
+def test_uploads_reuse_the_workers_memory(client: httpx.Client, worker: WorkerProcess) -> None:
+    """An 8 MB body passes through the worker without 2,000 fresh pages (page faults) a time."""
+    table = pa.table({"x": pa.array(range(1_000_000), pa.float64())})
+    payload = arrow_stream(table)
+    inputs = [({"name": "df", "format": "arrow/ipc"}, payload)]
+    run_ok(client, "n = len(df)", inputs)  # warm: the heap grows once
+    before = minor_faults(worker.proc.pid)
+    for _ in range(2):
+        assert run_ok(client, "n = len(df)", inputs).variables["n"]["preview"] == 1_000_000
+    faults = minor_faults(worker.proc.pid) - before
+    pages = 2 * len(payload) // 4096
+    assert faults < pages // 4, f"{faults} page faults for {pages} pages uploaded"
+
+
 # -- outputs and displays --------------------------------------------------------------------------
 
 
