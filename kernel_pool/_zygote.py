@@ -36,11 +36,10 @@ import sys
 import types
 from typing import Any
 
-import ipykernel.kernelapp
-
 _PR_SET_DUMPABLE = 4
 # what a kernel imports while it starts (measured): imported once here instead of per kernel
 _PRELOAD = (
+    "ipykernel.kernelapp",
     "ipykernel.ipkernel",
     "ipykernel.zmqshell",
     "ipykernel.debugger",
@@ -123,13 +122,14 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        sys.path[0] = os.getcwd()  # as ``python -m ipykernel_launcher`` run in cwd has it
+        sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         sys.modules["_kernel_pool_agent"] = agent
         # its default was read from the environment when this process imported ipykernel
         argv = [*request["argv"], f"--IPKernelApp.parent_handle={os.getppid()}"]
-        sys.argv = [ipykernel.kernelapp.__file__, *argv]
+        kernelapp = sys.modules["ipykernel.kernelapp"]
+        sys.argv = [str(kernelapp.__file__), *argv]
         code = 0
-        ipykernel.kernelapp.launch_new_instance(argv=argv)
+        kernelapp.launch_new_instance(argv=argv)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -179,6 +179,9 @@ def _serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
+    # this script's directory (kernel_pool/) must not shadow anything a kernel imports
+    if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]
     sock = socket.socket(fileno=int(sys.argv[1]))
     signal.signal(signal.SIGCHLD, _reap)
     _reap()  # a kernel that exited before the handler was set

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 import psutil
 import pytest
 
+import kernel_pool
 from kernel_pool import KernelDied, Lease, Pool, PoolConfig
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT
 
@@ -37,7 +38,7 @@ def fork_server_of(pool: Pool) -> psutil.Process:
 async def facts(lease: Lease) -> dict[str, object]:
     code = (
         "import json, os, sys, threading\n"
-        "print(json.dumps({'ppid': os.getppid(), 'cwd': os.getcwd(), 'path0': sys.path[0],\n"
+        "print(json.dumps({'ppid': os.getppid(), 'cwd': os.getcwd(), 'path': sys.path,\n"
         "    'pgid': os.getpgid(0), 'sid': os.getsid(0), 'pid': os.getpid(),\n"
         "    'environ': open('/proc/self/environ', 'rb').read().decode(errors='replace'),\n"
         "    'env': dict(os.environ), 'fds': sorted(os.listdir('/proc/self/fd'))}))\n"
@@ -59,7 +60,9 @@ async def test_kernels_are_forked_children_of_the_fork_server(pool: Pool) -> Non
     assert seen["ppid"] == server.pid
     # leads its own session, as a spawned kernel does: signals to its group reach only it
     assert seen["pid"] == seen["pgid"] == seen["sid"]
-    assert seen["cwd"] == os.getcwd() and seen["path0"] == os.getcwd()
+    path = seen["path"]
+    assert isinstance(path, list) and seen["cwd"] == os.getcwd() and path[0] == os.getcwd()
+    assert os.path.dirname(kernel_pool.__file__) not in path  # where the fork server lives
     env = seen["env"]
     assert isinstance(env, dict) and env["JPY_PARENT_PID"] == str(server.pid)
 
