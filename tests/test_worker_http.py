@@ -434,6 +434,18 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]
     w.stop()
 
 
+def test_spawned_kernels_serve_cells(tmp_path_factory: pytest.TempPathFactory) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--kernel-start", "spawn")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            source = "import os, sys\nparent = os.getppid()\nlauncher = sys.argv[0]"
+            v = run_ok(c, source).variables
+        assert v["parent"]["preview"] == w.proc.pid  # a child of the worker, not forked
+        assert v["launcher"]["preview"].endswith("ipykernel_launcher.py")
+    finally:
+        w.stop()
+
+
 def test_token_gate(guarded: WorkerProcess) -> None:
     with httpx.Client(base_url=guarded.url, timeout=60) as c:
         assert c.get("/health").status_code == 200
@@ -455,11 +467,13 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
             "import os\ntoken = os.environ.get('STRATA_WORKER_TOKEN')\n"
             "everywhere = any('s3cret-token' in v for v in os.environ.values())\n"
             "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
-            "parent = open(f'/proc/{os.getppid()}/environ', 'rb').read()\n"
-            "in_parent = b's3cret-token' in parent\n"
-            "parent_seen = len(parent) > 0"
+            # the worker, and the kernel's parent (the fork server)
+            "blocks = [open(f'/proc/{p}/environ', 'rb').read() for p in (worker, os.getppid())]\n"
+            "in_parent = any(b's3cret-token' in block for block in blocks)\n"
+            "parent_seen = all(len(block) > 0 for block in blocks)"
         )
-        v = run_ok(c, source).variables
+        worker = ({"name": "worker", "format": "json/object"}, str(guarded.proc.pid).encode())
+        v = run_ok(c, source, [worker]).variables
         assert v["token"]["preview"] is None and v["everywhere"]["preview"] is False
         # the worker's own initial environment block no longer holds it either
         assert v["parent_seen"]["preview"] is True and v["in_parent"]["preview"] is False
