@@ -33,6 +33,16 @@ FORK_SERVER_SCRIPT = "kernel_pool/_zygote.py"
 ExitCallback = Callable[[int | None], None]
 
 
+def unwatch_and_close(fd: int | None) -> None:
+    """Stop watching ``fd`` on the running loop (if it was) and close it."""
+    if fd is None:
+        return
+    with contextlib.suppress(ValueError, OSError, RuntimeError):
+        asyncio.get_running_loop().remove_reader(fd)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
 class ForkedKernelProcess:
     """A kernel forked by the fork server: its pid, and its exit status as it happens."""
 
@@ -69,10 +79,7 @@ class ForkedKernelProcess:
 
     def close(self) -> None:
         fd, self._status_fd = self._status_fd, None
-        if fd is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(fd)
-            os.close(fd)
+        unwatch_and_close(fd)
 
     async def wait(self, seconds: float) -> bool:
         """Whether the process exited within ``seconds``."""

@@ -25,7 +25,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
 from .errors import KernelStartError
-from .forkserver import ExitCallback, ForkedKernelProcess, ForkServer
+from .forkserver import ExitCallback, ForkedKernelProcess, ForkServer, unwatch_and_close
 from .processes import NATIVE_KERNEL_NAME, KernelIdentity
 
 ShutdownRequest = Callable[[], None]
@@ -198,10 +198,7 @@ class SpawnedKernel(KernelProcess):
 
     def _close_pidfd(self) -> None:
         fd, self._pidfd = self._pidfd, None
-        if fd is not None:
-            with contextlib.suppress(ValueError, OSError):
-                asyncio.get_running_loop().remove_reader(fd)
-                os.close(fd)
+        unwatch_and_close(fd)
 
     async def interrupt(self) -> None:
         await self._km.interrupt_kernel()

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import httpx
@@ -69,6 +69,25 @@ def fault_kernels_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def fault_kernels(fault_kernels_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("JUPYTER_PATH", str(fault_kernels_path))
     return fault_kernels_path
+
+
+def alive(pid: int | None) -> bool:
+    """Whether ``pid`` is a running process (a zombie is not)."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_gone(pids: Iterable[int], seconds: float, message: str) -> None:
+    """Wait (bounded) until none of ``pids`` runs; fail with ``message`` if one still does."""
+    pids = list(pids)
+    deadline = time.monotonic() + seconds
+    while any(alive(pid) for pid in pids):
+        assert time.monotonic() < deadline, message
+        time.sleep(0.05)
 
 
 def free_port() -> int:

@@ -18,7 +18,8 @@ import kernel_pool
 from kernel_pool import KernelDied, Lease, Pool, PoolConfig
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT
 
-from .test_pool import alive, run, settle
+from .conftest import alive, wait_gone
+from .test_pool import run, settle
 
 
 def children_of(pid: int) -> set[int]:
@@ -130,10 +131,7 @@ async def test_losing_the_fork_server_replaces_its_kernels() -> None:
         kernels = {pid for pid in pool.kernel_pids().values() if pid}
         os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
-        deadline = time.monotonic() + 30
-        while any(alive(pid) for pid in kernels):  # they die with it
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_gone, kernels, 30, "kernels outlived their fork server")
         await settle(pool, idle=2)
         assert not kernels & {pid for pid in pool.kernel_pids().values() if pid}
         replacement = fork_server_of(pool)
@@ -176,10 +174,7 @@ def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
         assert len(kernels) == 2 and len(servers) == 1
         owner.kill()
         owner.wait(10)
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in started):
-            assert time.monotonic() < deadline, "kernels outlived the process that owned the pool"
-            time.sleep(0.05)
+        wait_gone(started, 10, "kernels outlived the process that owned the pool")
     finally:
         owner.kill()
         owner.wait(10)

@@ -9,18 +9,10 @@ import time
 from collections.abc import Callable
 
 import httpx
-import psutil
 import pytest
 
-from .conftest import start_worker
+from .conftest import start_worker, wait_gone
 from .wire import execute, read_bundle
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def test_sigterm_drains_in_flight_work_then_exits_cleanly(
@@ -50,10 +42,7 @@ def test_sigterm_drains_in_flight_work_then_exits_cleanly(
             thread.join(30)
         assert read_bundle(result["r"]).variables["done"]["preview"] == 1  # finished, not cut
         assert w.proc.wait(timeout=30) == 0
-        deadline = time.monotonic() + 10
-        while any(_alive(pid) for pid in kernels):
-            assert time.monotonic() < deadline, "kernels outlived their worker"
-            time.sleep(0.05)
+        wait_gone(kernels, 10, "kernels outlived their worker")
     finally:
         w.stop()
 
@@ -82,10 +71,7 @@ def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
     everything = w.remember_kernels()
     w.proc.send_signal(signal.SIGKILL)
     w.proc.wait(timeout=10)
-    deadline = time.monotonic() + 5
-    while [pid for pid in everything if _alive(pid)]:
-        assert time.monotonic() < deadline, "kernel or cell processes outlived a killed worker"
-        time.sleep(0.05)
+    wait_gone(everything, 5, "kernel or cell processes outlived a killed worker")
     holder.join(10)
     # the killed worker could not remove its run directory: the next one on that run root does
     assert list(w.run_dir.glob("skw-run-*"))

@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
-import psutil
 import pytest
 
 from kernel_pool import (
@@ -24,6 +23,8 @@ from kernel_pool import (
     PreloadError,
     RecyclePolicy,
 )
+
+from .conftest import alive
 
 
 def stdout_of(result: object) -> str:
@@ -66,12 +67,6 @@ async def assert_replaced(pool: Pool, first: str, child: int | None = None) -> N
     while child is not None and alive(child):
         assert time.monotonic() < deadline, "the cell's child process survived its kernel"
         await asyncio.sleep(0.05)
-
-
-def alive(pid: int | None) -> bool:
-    if pid is None or not psutil.pid_exists(pid):
-        return False
-    return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
 
 
 @pytest.fixture
