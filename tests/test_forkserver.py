@@ -15,7 +15,7 @@ import psutil
 import pytest
 
 import kernel_pool
-from kernel_pool import KernelDied, Lease, Pool, PoolConfig
+from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT
 
 from .conftest import alive, wait_gone
@@ -106,6 +106,17 @@ async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status
         await settle(pool, idle=1)
         async with pool.lease() as lease:
             assert await run(lease, "print(6 * 7)") == "42\n"
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
+    bad = ("--IPKernelApp.connection_file=/nonexistent/second.json",)  # ipykernel refuses it
+    config = PoolConfig(size=1, fork_server=fork_server, extra_arguments=bad)
+    with pytest.raises(KernelStartError, match=r"exited during start-up \(exit status 1\)"):
+        await Pool(config).start()
+    # the failed start cleaned up after itself: no fork server (or kernel) of it is left
+    leftovers = [p.cmdline() for p in psutil.Process().children() if alive(p.pid)]
+    assert not [c for c in leftovers if any("kernel" in part for part in c)], leftovers
 
 
 async def test_spawned_kernels_interrupt_and_run() -> None:
