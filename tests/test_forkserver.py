@@ -115,8 +115,8 @@ async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
     with pytest.raises(KernelStartError, match=r"exited during start-up \(exit status 1\)"):
         await Pool(config).start()
     # the failed start cleaned up after itself: no fork server (or kernel) of it is left
-    leftovers = [p.cmdline() for p in psutil.Process().children() if alive(p.pid)]
-    assert not [c for c in leftovers if any("kernel" in part for part in c)], leftovers
+    leftovers = [" ".join(p.cmdline()) for p in psutil.Process().children() if alive(p.pid)]
+    assert not [c for c in leftovers if FORK_SERVER_SCRIPT in c or "ipykernel" in c], leftovers
 
 
 async def test_spawned_kernels_interrupt_and_run() -> None:

@@ -523,7 +523,8 @@ def test_busy_worker_queues_with_202_then_503_when_full(
             )
             thread.start()
             deadline = time.monotonic() + 10
-            while c.get("/health").json()["active_executions"] < 1:
+            # running, not just admitted: an admitted request still waits (queued) for a kernel
+            while c.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.02)
             accepted = execute(c, "b = 2")
@@ -592,7 +593,7 @@ def test_cancel_route_stops_a_running_build(client: httpx.Client) -> None:
     started = time.monotonic()
     thread.start()
     deadline = time.monotonic() + 10
-    while client.get("/health").json()["active_executions"] < 1:
+    while client.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:  # running
         assert time.monotonic() < deadline
         time.sleep(0.02)
     time.sleep(0.3)
