@@ -39,12 +39,20 @@ from typing import Any
 _PR_SET_DUMPABLE = 4
 # what a kernel imports while it starts (measured): imported once here instead of per kernel
 _PRELOAD = (
-    "ipykernel.kernelapp",
     "ipykernel.ipkernel",
     "ipykernel.zmqshell",
     "ipykernel.debugger",
     "IPython.core.interactiveshell",
+    "IPython.core.completerlib",
+    "IPython.core.debugger",
+    "IPython.core.logger",
+    "IPython.core.oinspect",
+    "IPython.extensions.storemagic",
+    "IPython.utils.wildcard",
+    "faulthandler",
     "pdb",
+    "tornado.platform.asyncio",
+    "zmq.utils.garbage",
 )
 _status_pipes: dict[int, int] = {}  # kernel pid -> write end of its status pipe
 _agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
@@ -57,8 +65,10 @@ def _warm_up() -> None:
     start). Frozen objects are never traversed by a kernel's collections, and no collection
     writes to their pages, so they stay shared between kernels.
     """
+    importlib.import_module("ipykernel.kernelapp")  # the kernel itself: required
     for name in _PRELOAD:
-        importlib.import_module(name)
+        with contextlib.suppress(ImportError):  # modules of other versions than measured
+            importlib.import_module(name)
     with contextlib.suppress(Exception):  # IPython versions without theme tables
         from IPython.utils import PyColorize
 
