@@ -56,6 +56,8 @@ async def pool() -> AsyncIterator[Pool]:
 async def test_kernels_are_forked_children_of_the_fork_server(pool: Pool) -> None:
     server = fork_server_of(pool)
     assert {pid for pid in pool.kernel_pids().values() if pid} == children_of(server.pid)
+    # forking is only safe from a process with one thread: nothing it imports may start one
+    assert server.num_threads() == 1
     async with pool.lease() as lease:
         seen = await facts(lease)
     assert seen["ppid"] == server.pid
