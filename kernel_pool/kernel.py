@@ -15,6 +15,7 @@ import ast
 import asyncio
 import contextlib
 import enum
+import functools
 import itertools
 import logging
 import os
@@ -495,11 +496,10 @@ class Kernel:
     async def _teardown(self, *, now: bool) -> None:
         channels = self._channels
         if self._process is not None:
-
-            def ask() -> None:
-                if channels is not None:
-                    channels.send("shutdown_request", {"restart": False})
-
+            # a kernel never reached (no channels) is not asked: it is killed at once
+            ask = None
+            if channels is not None:
+                ask = functools.partial(channels.send, "shutdown_request", {"restart": False})
             await self._process.stop(now=now, grace=self._config.shutdown_timeout_seconds, ask=ask)
             if not self.died.is_set():
                 self._on_exit(None)

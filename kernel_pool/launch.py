@@ -28,7 +28,7 @@ from .errors import KernelStartError
 from .forkserver import ExitCallback, ForkedKernelProcess, ForkServer, unwatch_and_close
 from .processes import NATIVE_KERNEL_NAME, KernelIdentity
 
-ShutdownRequest = Callable[[], None]
+ShutdownRequest = Callable[[], object]
 
 
 class KernelProcess(abc.ABC):

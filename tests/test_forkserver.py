@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import psutil
 import pytest
@@ -163,6 +164,19 @@ async def test_closing_the_pool_stops_the_fork_server_and_every_kernel() -> None
     await pool.aclose()
     assert not alive(server.pid)
     assert not any(alive(pid) for pid in kernels)
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+async def test_closing_the_pool_lets_kernels_exit_cleanly(fork_server: bool, tmp_path: Path) -> None:
+    """Asked to shut down (not killed): the kernel's own exit handlers run."""
+    marker = tmp_path / "exited"
+    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool:
+        async with pool.lease() as lease:
+            code = f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'bye')"
+            await run(lease, code)
+        await settle(pool, idle=1)  # back in the pool (a reset in flight is cut by closing)
+        assert not marker.exists()
+    assert marker.read_text() == "bye"
 
 
 def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
