@@ -7,11 +7,11 @@ memory, so a kernel is ready in a fraction of the time and with a fraction of th
 
 Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
 
-- request: a JSON object ``{"argv", "env", "cwd", "uid", "gid", "agent"}`` with one file
+- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent"}`` with one file
   descriptor attached, the write end of the kernel's status pipe. ``agent`` is the source of
   the pool's in-kernel helper: compiled and run here once, the kernel finds the module
   ``_kernel_pool_agent`` already loaded;
-- reply: ``{"pid": N}`` or ``{"error": "..."}``.
+- reply: ``{"id", "pid": N}`` or ``{"id", "error": "..."}``, in the order of the requests.
 
 When a kernel exits, its exit code (``Popen.returncode`` convention: negative for a signal)
 is written to its status pipe as a line of text and the pipe is closed; a status pipe that
@@ -107,8 +107,13 @@ def _agent(source: str) -> types.ModuleType:
 def _kill_kernels() -> None:
     """Kill every kernel still running, with its process group (cell processes too)."""
     for pid in list(_status_pipes):
-        with contextlib.suppress(OSError):
+        try:
             os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:  # just forked: not leading its own group yet
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
@@ -164,8 +169,10 @@ def _serve(sock: socket.socket) -> None:
             return
         if not data:
             return  # the pool closed its end: stop
+        request_id = None
         try:
             request = json.loads(data)
+            request_id = request.get("id")
             if len(fds) != 1:
                 raise ValueError("a spawn request needs exactly one status pipe")
             agent = _agent(request["agent"])
@@ -183,9 +190,9 @@ def _serve(sock: socket.socket) -> None:
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
             for fd in fds:
                 os.close(fd)
-            sock.send(json.dumps({"error": str(exc)}).encode())
+            sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
             continue
-        sock.send(json.dumps({"pid": pid}).encode())
+        sock.send(json.dumps({"id": request_id, "pid": pid}).encode())
 
 
 def main() -> None:

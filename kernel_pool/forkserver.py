@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import KernelStartError
+from .processes import signal_group
 
 log = logging.getLogger(__name__)
 
@@ -88,8 +90,15 @@ class ForkedKernelProcess:
         return self._exited.is_set()
 
     def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.pid, sig)
+        signal_group(self.pid, sig)
+
+
+def _kill_orphan(reply: Mapping[str, Any]) -> None:
+    """Kill the kernel of a reply nobody waits for any more (with its process group)."""
+    pid = reply.get("pid")
+    if isinstance(pid, int):
+        log.warning("killing kernel %s: its start was abandoned", pid)
+        signal_group(pid, signal.SIGKILL)
 
 
 class ForkServer:
@@ -101,6 +110,7 @@ class ForkServer:
         self._lock = asyncio.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
+        self._requests = itertools.count(1)
 
     @property
     def pid(self) -> int | None:
@@ -158,26 +168,36 @@ class ForkServer:
         return ForkedKernelProcess(int(reply["pid"]), read_end)
 
     async def _ask(self, request: dict[str, Any], fd: int, deadline: float) -> dict[str, Any]:
+        """Send one request, wait for its reply (by id).
+
+        A request abandoned while waiting (timed out, cancelled) leaves its reply behind: it
+        is read by a later request, and the kernel it names, which nobody owns, is killed.
+        """
         sock = self._sock if self._alive() else None
         if sock is None:
             await self._stop()
             sock = self._start()
+        request_id = request["id"] = next(self._requests)
         # the kernel exits if its parent does, as a spawned kernel does with the worker
         request["env"]["JPY_PARENT_PID"] = str(self.pid)
         loop = asyncio.get_running_loop()
         try:
             socket.send_fds(sock, [json.dumps(request).encode()], [fd])
-            data = await asyncio.wait_for(
-                loop.sock_recv(sock, 65536), max(0.0, deadline - time.monotonic())
-            )
-        except (OSError, TimeoutError) as exc:
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
+                if not data:
+                    await self._stop()
+                    raise KernelStartError("fork server exited")
+                reply: dict[str, Any] = json.loads(data)
+                if reply.get("id") == request_id:
+                    return reply
+                _kill_orphan(reply)
+        except TimeoutError:
+            raise KernelStartError("fork server did not answer in time") from None
+        except OSError as exc:  # the socket broke: start afresh next time
             await self._stop()
-            raise KernelStartError(f"fork server did not answer: {exc!r}") from exc
-        if not data:
-            await self._stop()
-            raise KernelStartError("fork server exited")
-        reply: dict[str, Any] = json.loads(data)
-        return reply
+            raise KernelStartError(f"fork server could not be reached: {exc}") from exc
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None

@@ -34,7 +34,13 @@ from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
 from .forkserver import ForkServer
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
-from .processes import NATIVE_KERNEL_NAME, descendants, kernel_identity, threads_of
+from .processes import (
+    NATIVE_KERNEL_NAME,
+    descendants,
+    kernel_identity,
+    signal_group,
+    threads_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -487,8 +493,7 @@ class Kernel:
             descendants = psutil.Process(pid).children(recursive=True)
         except psutil.Error:
             descendants = []
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, sig)  # the kernel leads its own session/process group
+        signal_group(pid, sig)  # the kernel leads its own session/process group
         for proc in descendants:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)

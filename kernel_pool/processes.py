@@ -80,6 +80,21 @@ def descendants(pid: int, *, skip_threads: frozenset[int] = frozenset()) -> list
     return found
 
 
+def signal_group(pid: int, sig: int) -> None:
+    """Signal the process group ``pid`` leads, or ``pid`` alone if it leads none yet.
+
+    A forked kernel takes its own session a moment after the fork; until then only the
+    process itself can be reached (by then it has started nothing).
+    """
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
+    except PermissionError:
+        pass
+
+
 def threads_of(pid: int) -> frozenset[int]:
     """The thread ids of ``pid`` (empty where ``/proc`` cannot tell)."""
     try:

@@ -17,7 +17,7 @@ import pytest
 
 import kernel_pool
 from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig
-from kernel_pool.forkserver import FORK_SERVER_SCRIPT
+from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 
 from .conftest import alive, wait_gone
 from .test_pool import run, settle
@@ -177,6 +177,33 @@ async def test_closing_the_pool_lets_kernels_exit_cleanly(fork_server: bool, tmp
         await settle(pool, idle=1)  # back in the pool (a reset in flight is cut by closing)
         assert not marker.exists()
     assert marker.read_text() == "bye"
+
+
+async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: Path) -> None:
+    server = ForkServer(os.environ)
+    try:
+
+        async def fork(name: str, seconds: float) -> ForkedKernelProcess:
+            argv = ["-f", str(tmp_path / f"{name}.json")]  # ipykernel makes up its ports
+            deadline = time.monotonic() + seconds
+            return await server.spawn(argv, os.environ, str(tmp_path), None, "", deadline)
+
+        running = await fork("running", 30)
+        with pytest.raises(KernelStartError, match="in time"):
+            await fork("abandoned", 0)  # the fork server forks it all the same
+        kept = await fork("kept", 30)
+        assert server.pid is not None
+        deadline = time.monotonic() + 10
+        # the orphan was killed (and reaped); the fork server and its other kernels live on
+        while children_of(server.pid) != {running.pid, kept.pid}:
+            assert time.monotonic() < deadline, children_of(server.pid)
+            await asyncio.sleep(0.05)
+        for kernel in (running, kept):
+            kernel.watch(lambda status: None)
+            kernel.signal_group(signal.SIGKILL)
+            assert await kernel.wait(10) and kernel.returncode == -signal.SIGKILL
+    finally:
+        await server.aclose()
 
 
 def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
