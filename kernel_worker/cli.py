@@ -65,6 +65,13 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _compresslevel(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 9:
+        raise argparse.ArgumentTypeError("must be 0 (stored) to 9")
+    return value
+
+
 # flag, environment variable, type, help
 _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
     (
@@ -166,6 +173,13 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         f"{ENV_PREFIX}CONSOLE_CAP",
         _size,
         "characters of stdout/stderr kept per stream (default 16M)",
+    ),
+    (
+        "--bundle-compresslevel",
+        f"{ENV_PREFIX}BUNDLE_COMPRESSLEVEL",
+        _compresslevel,
+        "gzip level of result bundles, 0 (stored) to 9 (default: 1 or stored, chosen per "
+        "bundle by whether its largest output compresses)",
     ),
     (
         "--run-dir",

@@ -32,6 +32,7 @@ def test_environment_and_flags() -> None:
         "STRATA_WORKER_MAX_INPUT_BYTES": "1000",
         "STRATA_KERNEL_WORKER_RECYCLE": "fresh",
         "STRATA_KERNEL_WORKER_KERNEL_START": "spawn",
+        "STRATA_KERNEL_WORKER_BUNDLE_COMPRESSLEVEL": "6",
     }
     s = settings_from(["--pool-size", "4", "--timeout-status", "504"], env)
     assert s.pool_size == 4  # the flag wins
@@ -40,6 +41,7 @@ def test_environment_and_flags() -> None:
     assert s.recycle is RecyclePolicy.FRESH
     assert s.timeout_status == 504
     assert s.kernel_start == "spawn"
+    assert s.bundle_compresslevel == 6
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator only")
@@ -57,7 +59,7 @@ def test_gpu_slots_set_the_pool_size() -> None:
 
 @pytest.mark.parametrize(
     "argv",
-    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--timeout-status", "500"],
+    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
      ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"]],
 )  # fmt: skip
 def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:

@@ -698,6 +698,18 @@ def test_worker_with_run_dirs_on_disk(tmp_path_factory: pytest.TempPathFactory) 
         w.stop()  # asserts that no run directory was left behind
 
 
+def test_bundle_compression_level_can_be_fixed(tmp_path_factory: pytest.TempPathFactory) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--bundle-compresslevel", "9")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            for source in ("x = 1", "import os\nnoise = os.urandom(2_000_000)"):
+                response = execute(c, source)
+                assert read_bundle(response).manifest["success"]
+                assert response.content[8] == 2  # XFL 2: the slowest, best level
+    finally:
+        w.stop()
+
+
 def test_bundle_compression_is_chosen_by_what_compresses(client: httpx.Client) -> None:
     """Incompressible outputs are stored (deflating them only costs time); text is deflated."""
     # the gzip header's XFL byte says how it was written: 4 = fastest level, 0 = stored
