@@ -1,6 +1,7 @@
 """The fork server: a process with ipykernel already imported that forks kernels on request.
 
-Run by :mod:`kernel_pool.forkserver` as a script (``python _zygote.py FD``), never imported
+Run by :mod:`kernel_pool.forkserver` as a script (``python _zygote.py FD ROOM``, ROOM being
+blank space for the kernels' command lines, see ``_set_command_line``), never imported
 by the pool. Starting a kernel from a fresh interpreter spends most of its time importing
 ipykernel, IPython, ZMQ and tornado; a fork of this process starts with all of that in
 memory, so a kernel is ready in a fraction of the time and with a fraction of the CPU.
@@ -37,6 +38,7 @@ import types
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
+_ARG_START, _ARG_END = 45, 46  # fields 48 and 49 of /proc/PID/stat, counted after the name
 # what a kernel imports while it starts (measured): imported once here instead of per kernel
 _PRELOAD = (
     "ipykernel.ipkernel",
@@ -104,6 +106,27 @@ def _agent(source: str) -> types.ModuleType:
     return module
 
 
+def _set_command_line(args: list[str]) -> None:
+    """Show ``args`` as this process's command line (``ps``, ``/proc/PID/cmdline``).
+
+    A forked kernel would otherwise show the fork server's. The text is written over the
+    original argument strings (the fork server is started with room to spare), ended by a
+    NUL and padded with spaces: Linux then reads the command line up to that NUL. Only the
+    display changes; ``sys.argv`` is separate.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as fh:
+            fields = fh.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[_ARG_START]), int(fields[_ARG_END])
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    if size < 2:
+        return
+    title = " ".join(args).encode(errors="replace")[: size - 2] + b"\0"
+    ctypes.memmove(start, title.ljust(size, b" "), size)
+
+
 def _kill_kernels() -> None:
     """Kill every kernel still running, with its process group (cell processes too)."""
     for pid in list(_status_pipes):
@@ -143,6 +166,7 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         argv = [*request["argv"], f"--IPKernelApp.parent_handle={os.getppid()}"]
         kernelapp = sys.modules["ipykernel.kernelapp"]
         sys.argv = [str(kernelapp.__file__), *argv]
+        _set_command_line([sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
         code = 0
         kernelapp.launch_new_instance(argv=argv)
     except SystemExit as exc:
@@ -200,6 +224,8 @@ def main() -> None:
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]
     sock = socket.socket(fileno=int(sys.argv[1]))
+    # shown without the room reserved for the kernels' command lines
+    _set_command_line([sys.executable, *sys.argv[:2]])
     signal.signal(signal.SIGCHLD, _reap)
     _reap()  # a kernel that exited before the handler was set
     _warm_up()

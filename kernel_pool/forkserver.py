@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
 FORK_SERVER_SCRIPT = "kernel_pool/_zygote.py"
-"""In the command line of a fork server and of every kernel it forked (``ps`` shows them so)."""
+"""In the command line of a fork server (its kernels show ``python -m ipykernel_launcher …``)."""
+_TITLE_ROOM = 2048  # bytes of command line a forked kernel may show
 
 ExitCallback = Callable[[int | None], None]
 
@@ -120,7 +121,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, str(_ZYGOTE), str(theirs.fileno())],
+                [sys.executable, str(_ZYGOTE), str(theirs.fileno()), " " * _TITLE_ROOM],
                 pass_fds=(theirs.fileno(),),
                 env=self._env,
                 stdin=subprocess.DEVNULL,

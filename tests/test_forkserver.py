@@ -59,6 +59,12 @@ async def test_kernels_are_forked_children_of_the_fork_server(pool: Pool) -> Non
     assert {pid for pid in pool.kernel_pids().values() if pid} == children_of(server.pid)
     # forking is only safe from a process with one thread: nothing it imports may start one
     assert server.num_threads() == 1
+    assert server.cmdline()[1:2] == [os.path.join(os.path.dirname(kernel_pool.__file__), "_zygote.py")]
+    for pid in pool.kernel_pids().values():  # shown as a spawned kernel would be
+        assert pid is not None
+        command = psutil.Process(pid).cmdline()
+        assert command[:4] == [sys.executable, "-m", "ipykernel_launcher", "-f"], command
+        assert command[4].endswith("connection.json") and "--HistoryManager.enabled=False" in command
     async with pool.lease() as lease:
         seen = await facts(lease)
     assert seen["ppid"] == server.pid
