@@ -230,16 +230,13 @@ def _check_bundle(planned: Planned, m: dict[str, Any], members: dict[str, bytes]
 
 
 def kernel_processes(worker_pid: int) -> list[psutil.Process]:
-    """The worker's live kernels: forked by its fork server, or its own ipykernel children."""
+    """The worker's live kernels: its children running ipykernel (forked ones show so too)."""
     kernels = []
     for child in _children(worker_pid):
         with contextlib.suppress(psutil.Error):
-            command = " ".join(child.cmdline())
-            if FORK_SERVER_SCRIPT in command:
-                kernels.extend(_children(child.pid))
-            elif "ipykernel" in command:
+            if "ipykernel" in " ".join(child.cmdline()) and _alive(child):
                 kernels.append(child)
-    return [k for k in kernels if _alive(k)]
+    return kernels
 
 
 def fork_servers(worker_pid: int) -> list[psutil.Process]:
@@ -253,9 +250,8 @@ def fork_servers(worker_pid: int) -> list[psutil.Process]:
 
 
 def zombies(worker_pid: int) -> list[int]:
-    """Children of the worker (or of its fork server) that died and were never reaped."""
-    parents = [worker_pid, *(p.pid for p in fork_servers(worker_pid))]
-    return [c.pid for parent in parents for c in _children(parent) if not _alive(c)]
+    """Children of the worker that died and were never reaped."""
+    return [c.pid for c in _children(worker_pid) if not _alive(c)]
 
 
 def _children(pid: int) -> list[psutil.Process]:

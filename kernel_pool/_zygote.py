@@ -8,18 +8,18 @@ memory, so a kernel is ready in a fraction of the time and with a fraction of th
 
 Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
 
-- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent"}`` with one file
-  descriptor attached, the write end of the kernel's status pipe. ``agent`` is the source of
-  the pool's in-kernel helper: compiled and run here once, the kernel finds the module
-  ``_kernel_pool_agent`` already loaded;
+- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent"}``. ``agent``
+  is the source of the pool's in-kernel helper: compiled and run here once, the kernel finds
+  the module ``_kernel_pool_agent`` already loaded;
 - reply: ``{"id", "pid": N}`` or ``{"id", "error": "..."}``, in the order of the requests.
 
-When a kernel exits, its exit code (``Popen.returncode`` convention: negative for a signal)
-is written to its status pipe as a line of text and the pipe is closed; a status pipe that
-closes without a line means this process is gone. Each kernel leads its own session. This
-process exits when the pool's end of the socket closes, and kills every kernel it forked
-(with its process group) as it does. It never starts a thread or an event loop, so forking
-is safe: nothing here may import something that does.
+A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
+its pid and exits. The orphaned kernel is adopted by the pool's process (a child
+subreaper while it waits for the reply), so it is that process's child, exactly like a
+spawned kernel: it is reaped there, watches that process (lifeline, ``JPY_PARENT_PID``),
+and outlives this one. Each kernel leads its own session. This process exits when the
+pool's end of the socket closes. It never starts a thread or an event loop, so forking is
+safe: nothing here may import something that does.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import gc
 import importlib
 import json
 import os
-import signal
 import socket
 import sys
 import types
@@ -56,7 +55,6 @@ _PRELOAD = (
     "tornado.platform.asyncio",
     "zmq.utils.garbage",
 )
-_status_pipes: dict[int, int] = {}  # kernel pid -> write end of its status pipe
 _agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
 
 
@@ -78,22 +76,6 @@ def _warm_up() -> None:
             PyColorize.theme_table[name]
     gc.collect()
     gc.freeze()
-
-
-def _reap(signum: int = 0, frame: Any = None) -> None:
-    """Collect exited kernels and report their exit codes."""
-    while True:
-        try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        fd = _status_pipes.pop(pid, None)
-        if fd is not None:
-            with contextlib.suppress(OSError):  # the pool stopped listening
-                os.write(fd, f"{os.waitstatus_to_exitcode(status)}\n".encode())
-            os.close(fd)
 
 
 def _agent(source: str) -> types.ModuleType:
@@ -127,25 +109,11 @@ def _set_command_line(args: list[str]) -> None:
     ctypes.memmove(start, title.ljust(size, b" "), size)
 
 
-def _kill_kernels() -> None:
-    """Kill every kernel still running, with its process group (cell processes too)."""
-    for pid in list(_status_pipes):
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:  # just forked: not leading its own group yet
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-
-
 def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
     """In the forked child: drop to the kernel's identity and environment, run ipykernel."""
     code = 1
     try:
         os.setsid()  # its own session and process group: signals reach it and its children
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, set())
         if request.get("uid") is not None:
             os.setgroups([])
             os.setgid(request["gid"])
@@ -163,7 +131,8 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         sys.modules["_kernel_pool_agent"] = agent
         # its default was read from the environment when this process imported ipykernel
-        argv = [*request["argv"], f"--IPKernelApp.parent_handle={os.getppid()}"]
+        parent = request["env"].get("JPY_PARENT_PID", "0")
+        argv = [*request["argv"], f"--IPKernelApp.parent_handle={parent}"]
         kernelapp = sys.modules["ipykernel.kernelapp"]
         sys.argv = [str(kernelapp.__file__), *argv]
         _set_command_line([sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
@@ -185,10 +154,40 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
             os._exit(code)  # never return into the fork server's loop
 
 
+def _fork_kernel(request: dict[str, Any], agent: types.ModuleType) -> int:
+    """Fork the kernel through a go-between that exits at once; return the kernel's pid."""
+    read_end, write_end = os.pipe()
+    try:
+        go_between = os.fork()
+        if go_between == 0:  # the go-between: fork the kernel, say its pid, leave
+            try:
+                os.close(read_end)
+                kernel = os.fork()
+                if kernel == 0:
+                    os.close(write_end)
+                    _become_kernel(request, agent)
+                os.write(write_end, str(kernel).encode())
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        write_end = -1
+        with os.fdopen(read_end, "rb", closefd=True) as pipe:
+            read_end = -1
+            answer = pipe.read()
+        os.waitpid(go_between, 0)  # gone before the reply: the kernel is adopted by then
+        if not answer:
+            raise OSError("the kernel could not be forked")
+        return int(answer)
+    finally:
+        for fd in (read_end, write_end):
+            if fd >= 0:
+                os.close(fd)
+
+
 def _serve(sock: socket.socket) -> None:
     while True:
         try:
-            data, fds, _flags, _addr = socket.recv_fds(sock, 1 << 20, 1)
+            data = sock.recv(1 << 20)
         except OSError:
             return
         if not data:
@@ -197,23 +196,11 @@ def _serve(sock: socket.socket) -> None:
         try:
             request = json.loads(data)
             request_id = request.get("id")
-            if len(fds) != 1:
-                raise ValueError("a spawn request needs exactly one status pipe")
             agent = _agent(request["agent"])
             sys.stdout.flush()
             sys.stderr.flush()
-            # a kernel that exits at once must find its status pipe registered
-            signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGCHLD})
-            try:
-                pid = os.fork()
-                if pid == 0:
-                    _become_kernel(request, agent)
-                _status_pipes[pid] = fds[0]
-            finally:
-                signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGCHLD})
+            pid = _fork_kernel(request, agent)
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
-            for fd in fds:
-                os.close(fd)
             sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
             continue
         sock.send(json.dumps({"id": request_id, "pid": pid}).encode())
@@ -226,17 +213,8 @@ def main() -> None:
     sock = socket.socket(fileno=int(sys.argv[1]))
     # shown without the room reserved for the kernels' command lines
     _set_command_line([sys.executable, *sys.argv[:2]])
-    signal.signal(signal.SIGCHLD, _reap)
-    _reap()  # a kernel that exited before the handler was set
     _warm_up()
-    try:
-        _serve(sock)
-    finally:
-        # the pool is gone (or replaced this process): nothing it started may outlive it.
-        # Were this process killed instead, each kernel's lifeline (see _inkernel) notices
-        # its parent is gone and kills its group
-        _kill_kernels()
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    _serve(sock)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import itertools
 import json
 import logging
@@ -19,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,41 +48,47 @@ def unwatch_and_close(fd: int | None) -> None:
 
 
 class ForkedKernelProcess:
-    """A kernel forked by the fork server: its pid, and its exit status as it happens."""
+    """A kernel forked by the fork server and adopted by this process: its pid, its exit."""
 
-    def __init__(self, pid: int, status_fd: int) -> None:
+    def __init__(self, pid: int) -> None:
         self.pid = pid
         self.returncode: int | None = None
-        self._status_fd: int | None = status_fd
+        self._pidfd: int | None = None
         self._on_exit: ExitCallback | None = None
         self._exited = asyncio.Event()
 
     def watch(self, on_exit: ExitCallback) -> None:
-        """Call ``on_exit(returncode)`` once, when the process has exited (or is lost)."""
+        """Call ``on_exit(returncode)`` once, when the process has exited (it is reaped)."""
         self._on_exit = on_exit
-        if self._status_fd is not None:
-            asyncio.get_running_loop().add_reader(self._status_fd, self._read_status)
-
-    def _read_status(self) -> None:
-        fd = self._status_fd
-        if fd is None:
-            return
         try:
-            data = os.read(fd, 64)
-        except BlockingIOError:
+            self._pidfd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):  # no pidfd: wait in a thread
+            task = asyncio.ensure_future(asyncio.to_thread(self._collect, 0))
+            task.add_done_callback(lambda _: self._exit_seen())
             return
-        except OSError:
-            data = b""
+        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
+
+    def _reap(self) -> None:
         self.close()
-        self._exited.set()
-        # no line: the fork server died; the kernel's lifeline kills it (see _inkernel)
-        with contextlib.suppress(ValueError):
-            self.returncode = int(data.decode().strip())
-        if self._on_exit is not None:
-            self._on_exit(self.returncode)
+        self._collect(os.WNOHANG)
+        self._exit_seen()
+
+    def _collect(self, flags: int) -> None:
+        try:
+            pid, status = os.waitpid(self.pid, flags)
+        except ChildProcessError:  # never adopted (see _zygote): its status is not ours
+            return
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+
+    def _exit_seen(self) -> None:
+        if not self._exited.is_set():
+            self._exited.set()
+            if self._on_exit is not None:
+                self._on_exit(self.returncode)
 
     def close(self) -> None:
-        fd, self._status_fd = self._status_fd, None
+        fd, self._pidfd = self._pidfd, None
         unwatch_and_close(fd)
 
     async def wait(self, seconds: float) -> bool:
@@ -94,12 +101,53 @@ class ForkedKernelProcess:
         signal_group(self.pid, sig)
 
 
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
+_adopting = 0  # forks in flight, over every pool of this process
+_subreaper_before = False  # already a subreaper (set by someone else): left as it is
+
+
+@contextlib.contextmanager
+def _adopting_orphans() -> Iterator[None]:
+    """Be a child subreaper while a fork is in flight: the kernel, orphaned by its
+    go-between, becomes this process's child. Only then, so that processes a cell leaves
+    behind are not adopted later."""
+    global _adopting, _subreaper_before
+    _adopting += 1
+    if _adopting == 1:
+        _subreaper_before = _is_subreaper()
+        if not _subreaper_before:
+            _set_subreaper(True)
+    try:
+        yield
+    finally:
+        _adopting -= 1
+        if _adopting == 0 and not _subreaper_before:
+            _set_subreaper(False)
+
+
+def _prctl(*args: Any) -> int:
+    try:
+        return int(ctypes.CDLL(None, use_errno=True).prctl(*args))
+    except (OSError, AttributeError):  # not Linux: kernels go to init (no exit status)
+        return -1
+
+
+def _is_subreaper() -> bool:
+    flag = ctypes.c_int(0)
+    return _prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0 and bool(flag.value)
+
+
+def _set_subreaper(on: bool) -> None:
+    _prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
+
+
 def _kill_orphan(reply: Mapping[str, Any]) -> None:
     """Kill the kernel of a reply nobody waits for any more (with its process group)."""
     pid = reply.get("pid")
     if isinstance(pid, int):
         log.warning("killing kernel %s: its start was abandoned", pid)
         signal_group(pid, signal.SIGKILL)
+        ForkedKernelProcess(pid).watch(lambda _: None)  # reaped if this process adopted it
 
 
 class ForkServer:
@@ -154,21 +202,14 @@ class ForkServer:
             "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent,
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
         }  # fmt: skip
-        read_end, write_end = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            async with self._lock:
-                reply = await self._ask(request, write_end, deadline)
-        except BaseException:
-            os.close(read_end)
-            raise
-        finally:
-            os.close(write_end)  # the fork server holds its own copy now
+        async with self._lock:
+            with _adopting_orphans():
+                reply = await self._ask(request, deadline)
         if "pid" not in reply:
-            os.close(read_end)
             raise KernelStartError(f"fork server could not fork a kernel: {reply.get('error')}")
-        return ForkedKernelProcess(int(reply["pid"]), read_end)
+        return ForkedKernelProcess(int(reply["pid"]))
 
-    async def _ask(self, request: dict[str, Any], fd: int, deadline: float) -> dict[str, Any]:
+    async def _ask(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
         """Send one request, wait for its reply (by id).
 
         A request abandoned while waiting (timed out, cancelled) leaves its reply behind: it
@@ -179,11 +220,11 @@ class ForkServer:
             await self._stop()
             sock = self._start()
         request_id = request["id"] = next(self._requests)
-        # the kernel exits if its parent does, as a spawned kernel does with the worker
-        request["env"]["JPY_PARENT_PID"] = str(self.pid)
+        # this process adopts it: it watches this process, as a spawned kernel does
+        request["env"]["JPY_PARENT_PID"] = str(os.getpid())
         loop = asyncio.get_running_loop()
         try:
-            socket.send_fds(sock, [json.dumps(request).encode()], [fd])
+            await loop.sock_sendall(sock, json.dumps(request).encode())
             while True:
                 remaining = max(0.0, deadline - time.monotonic())
                 data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
@@ -218,6 +259,6 @@ class ForkServer:
             await asyncio.to_thread(process.wait)
 
     async def aclose(self) -> None:
-        """Stop the fork server (kernels it forked die with it)."""
+        """Stop the fork server (the kernels it forked are not its children: they live on)."""
         async with self._lock:
             await self._stop()

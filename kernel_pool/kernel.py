@@ -5,8 +5,8 @@ spawned by jupyter_client). A :class:`Kernel` runs one execution at a time; the 
 guarantees that.
 
 Messages are read from the shell and IOPub sockets into one event queue per kernel; the
-kernel's death (its status pipe from the fork server, or a pidfd) arrives on the same queue,
-event-driven, so an execution waits on exactly one thing.
+kernel's death (observed through a pidfd) arrives on the same queue, event-driven, so an
+execution waits on exactly one thing.
 """
 
 from __future__ import annotations
