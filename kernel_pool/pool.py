@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .forkserver import ForkServer
@@ -33,6 +35,23 @@ from .processes import native_kernelspec_dir
 from .stats import PoolStats, StatsRecorder
 
 log = logging.getLogger(__name__)
+
+
+_PRIVATE_PREFIX = "kernel-pool-"
+_OWNER_FILE = "owner.pid"
+
+
+def _remove_abandoned_private_dirs(parent: Path) -> None:
+    """Remove the private directories of pools whose process died without removing them
+    (SIGKILL): this user's, whose owner process no longer exists."""
+    for path in parent.glob(f"{_PRIVATE_PREFIX}*"):
+        try:
+            owner = int((path / _OWNER_FILE).read_text(encoding="utf-8"))
+            mine = path.lstat().st_uid == os.getuid()
+        except (OSError, ValueError):  # not a pool's, or another user's: not ours to judge
+            continue
+        if mine and owner != os.getpid() and not psutil.pid_exists(owner):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 class Pool:
@@ -72,8 +91,10 @@ class Pool:
         if self._started:
             raise PoolError("pool already started")
         self._started = True
-        parent = self.config.runtime_dir
-        self._private_dir = Path(tempfile.mkdtemp(prefix="kernel-pool-", dir=parent))
+        parent = Path(self.config.runtime_dir or tempfile.gettempdir())
+        await asyncio.to_thread(_remove_abandoned_private_dirs, parent)
+        self._private_dir = Path(tempfile.mkdtemp(prefix=_PRIVATE_PREFIX, dir=parent))
+        (self._private_dir / _OWNER_FILE).write_text(str(os.getpid()), encoding="utf-8")
         # kernels running as another user may traverse (not list) it to reach their own dir
         self._private_dir.chmod(0o711 if self.config.kernel_user else 0o700)
         self._kernel_dirs = [native_kernelspec_dir(self._private_dir)]

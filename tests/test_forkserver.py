@@ -237,6 +237,11 @@ async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: P
         await server.aclose()
 
 
+async def _start_and_close(config: PoolConfig) -> None:
+    async with Pool(config):
+        pass
+
+
 def _prctl(option: int, value: object) -> int:
     return int(ctypes.CDLL(None, use_errno=True).prctl(option, value, 0, 0, 0))
 
@@ -262,13 +267,14 @@ async def test_the_pool_adopts_orphans_only_while_it_forks() -> None:
         _prctl(36, 0)
 
 
-def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
-    """SIGKILL of the process that owns the pool: the fork server and its kernels exit."""
+def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the process that owns the pool: the fork server and its kernels exit, and
+    the next pool on that runtime directory removes the private directory left behind."""
     script = (
         "import asyncio, json, os, sys\n"
         "from kernel_pool import Pool, PoolConfig\n"
         "async def main():\n"
-        "    pool = Pool(PoolConfig(size=2))\n"
+        f"    pool = Pool(PoolConfig(size=2, runtime_dir={str(tmp_path)!r}))\n"
         "    await pool.start()\n"
         "    print(json.dumps(list(pool.kernel_pids().values())), flush=True)\n"
         "    await asyncio.sleep(3600)\n"
@@ -285,6 +291,9 @@ def test_a_dead_pool_process_takes_its_kernels_with_it() -> None:
         owner.kill()
         owner.wait(10)
         wait_gone(started, 10, "kernels outlived the process that owned the pool")
+        (left,) = tmp_path.glob("kernel-pool-*")
+        asyncio.run(_start_and_close(PoolConfig(size=1, runtime_dir=tmp_path)))
+        assert not left.exists()
     finally:
         owner.kill()
         owner.wait(10)
