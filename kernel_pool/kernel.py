@@ -254,20 +254,27 @@ class Kernel:
         self, what: str, code: str, deadline: float, helper_calls: Mapping[str, str]
     ) -> None:
         """Run start-up ``code``, then the helper calls (as user expressions) if it worked."""
-        result = await self.execute(
-            code, deadline=deadline, silent=True, store_history=False,
-            user_expressions=helper_calls,
-        )  # fmt: skip
+        try:
+            result = await self.execute(
+                code, deadline=deadline, silent=True, store_history=False,
+                user_expressions=helper_calls,
+            )  # fmt: skip
+        except KernelDied as exc:  # e.g. a preload that crashes the interpreter
+            message = f"the kernel died running it (exit status {exc.exit_code})"
+            raise self._start_failure(what, message) from exc
         if not result.ok:
             message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
-            if what == "preload":
-                raise PreloadError(message)
-            raise KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
+            raise self._start_failure(what, message)
         for key in helper_calls:
             try:
                 _literal(result, key)
             except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
                 raise KernelStartError(f"kernel helper call {key} failed: {exc}") from exc
+
+    def _start_failure(self, what: str, message: str) -> KernelStartError:
+        if what == "preload":
+            return PreloadError(message)
+        return KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
 
     # -- process watching ------------------------------------------------------------------------
 

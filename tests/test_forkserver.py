@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 import kernel_pool
-from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig
+from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig, PreloadError
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 
 from .conftest import alive, wait_gone
@@ -144,6 +144,15 @@ async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
     # the failed start cleaned up after itself: no fork server (or kernel) of it is left
     leftovers = [" ".join(p.cmdline()) for p in psutil.Process().children() if alive(p.pid)]
     assert not [c for c in leftovers if FORK_SERVER_SCRIPT in c or "ipykernel" in c], leftovers
+
+
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_error(
+    fork_server: bool,
+) -> None:
+    config = PoolConfig(size=1, fork_server=fork_server, preload="import os\nos._exit(7)")
+    with pytest.raises(PreloadError, match=r"the kernel died running it \(exit status 7\)"):
+        await Pool(config).start()
 
 
 async def test_spawned_kernels_interrupt_and_run() -> None:
