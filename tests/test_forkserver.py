@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 import kernel_pool
+from bench.soak import zombies
 from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig, PreloadError
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 
@@ -43,10 +44,6 @@ def _cmdline(proc: psutil.Process) -> str:
         return " ".join(proc.cmdline())
     except psutil.Error:
         return ""
-
-
-def zombie_children() -> set[int]:
-    return {p.pid for p in psutil.Process().children() if not alive(p.pid)}
 
 
 def kernel_pids(pool: Pool) -> set[int]:
@@ -227,15 +224,15 @@ async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: P
             marker = str(tmp_path / f"{name}.json")
             return [p.pid for p in psutil.process_iter() if alive(p.pid) and marker in _cmdline(p)]
 
-        zombies_before = zombie_children()
+        zombies_before = set(zombies(os.getpid()))
         running = await fork("running", 30)
         with pytest.raises(KernelStartError, match="in time"):
             await fork("abandoned", 0)  # the fork server forks it all the same
         kept = await fork("kept", 30)
         deadline = time.monotonic() + 10
         # the orphan was killed (and reaped, wherever it went); the other kernels live on
-        while named("abandoned") or zombie_children() - zombies_before:
-            assert time.monotonic() < deadline, (named("abandoned"), zombie_children())
+        while named("abandoned") or set(zombies(os.getpid())) - zombies_before:
+            assert time.monotonic() < deadline, (named("abandoned"), zombies(os.getpid()))
             await asyncio.sleep(0.05)
         assert named("running") == [running.pid] and named("kept") == [kept.pid]
         for kernel in (running, kept):

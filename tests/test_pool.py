@@ -57,6 +57,15 @@ async def settle(pool: Pool, *, idle: int, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def assert_cell_leaves_kernel_unclean(pool: Pool, code: str, *, last: bool) -> None:
+    """Run ``code`` as a lease's cell: its kernel is found unclean, retired and replaced."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, code, last=last)
+    await assert_replaced(pool, first)
+    assert_reset_path(pool, last)
+
+
 async def assert_replaced(pool: Pool, first: str, child: int | None = None) -> None:
     """The kernel ``first`` was found unclean, retired and replaced; ``child`` died with it."""
     await settle(pool, idle=1)
@@ -131,18 +140,8 @@ async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool, last: bool) -
 
 
 async def test_thread_left_running_retires_the_kernel(pool: Pool, last: bool) -> None:
-    async with pool.lease() as lease:
-        first = lease.kernel_id
-        await run(
-            lease,
-            "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()",
-            last=last,
-        )
-    await settle(pool, idle=1)
-    assert_reset_path(pool, last)
-    assert pool.stats().retirements["failed_reset"] == 1
-    async with pool.lease() as lease:
-        assert lease.kernel_id != first
+    code = "import threading, time\nthreading.Thread(target=time.sleep, args=(60,), daemon=True).start()"
+    await assert_cell_leaves_kernel_unclean(pool, code, last=last)
 
 
 async def test_child_process_left_running_retires_the_kernel(pool: Pool, last: bool) -> None:
@@ -487,14 +486,12 @@ async def test_child_process_started_by_a_finished_thread_retires_the_kernel(
 
 async def test_a_run_cell_hook_left_by_a_cell_retires_the_kernel(pool: Pool, last: bool) -> None:
     """It would outlive the cell and run in the next requests' cells."""
-    async with pool.lease() as lease:
-        first = lease.kernel_id
-        await run(lease, (
-            "def sneaky(result=None):\n"
-            "    globals()['left_behind'] = 1\n"
-            "get_ipython().events.register('post_run_cell', sneaky)\n"
-        ), last=last)  # fmt: skip
-    await assert_replaced(pool, first)
+    code = (
+        "def sneaky(result=None):\n"
+        "    globals()['left_behind'] = 1\n"
+        "get_ipython().events.register('post_run_cell', sneaky)\n"
+    )
+    await assert_cell_leaves_kernel_unclean(pool, code, last=last)
     async with pool.lease() as lease:
         assert await run(lease, "print('left_behind' in dir())") == "False\n"
 
@@ -511,10 +508,7 @@ async def test_work_left_on_the_kernel_event_loop_retires_the_kernel(
     pool: Pool, last: bool, leftover: str
 ) -> None:
     """It would run later, in another request's time: like a thread, it makes the kernel unclean."""
-    async with pool.lease() as lease:
-        first = lease.kernel_id
-        await run(lease, f"import asyncio, sys\n{leftover}\n", last=last)
-    await assert_replaced(pool, first)
+    await assert_cell_leaves_kernel_unclean(pool, f"import asyncio, sys\n{leftover}\n", last=last)
 
 
 async def test_loop_work_a_cell_finishes_itself_is_fine(pool: Pool, last: bool) -> None:
