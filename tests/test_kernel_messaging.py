@@ -1,0 +1,126 @@
+"""What a pool kernel publishes per execution: what the pool reads, nothing for absent clients.
+
+A second subscriber on the kernel's IOPub socket sees exactly what the pool is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from jupyter_client.blocking import BlockingKernelClient
+
+from kernel_pool import Lease, Pool, PoolConfig
+
+from .test_pool import stdout_of
+
+
+@pytest.fixture(params=[True, False], ids=["forked", "spawned"])
+def fork_server(request: pytest.FixtureRequest) -> bool:
+    return bool(request.param)
+
+
+class IOPubListener:
+    """A SUB socket on a leased kernel's IOPub, connected before any cell under test."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.client = BlockingKernelClient()
+        self.client.load_connection_info(dict(lease._kernel._process.connection_info))
+        self.client.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+
+    def messages_of(self, msg_id: str, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Every message published for request ``msg_id``, up to its idle status."""
+        seen: list[dict[str, Any]] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                msg = self.client.get_iopub_msg(timeout=0.2)
+            except Exception:  # queue.Empty: nothing yet
+                continue
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            seen.append(msg)
+            if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+                return seen
+        raise AssertionError(f"no idle status for {msg_id} within {timeout}s: {seen}")
+
+    def close(self) -> None:
+        self.client.stop_channels()
+
+
+async def _subscribed(lease: Lease) -> IOPubListener:
+    """A listener that has provably joined: it saw a probe cell's idle status."""
+    listener = IOPubListener(lease)
+    for _ in range(50):
+        probe = await lease.execute("pass", deadline=time.monotonic() + 10)
+        try:
+            listener.messages_of(probe.msg_id, timeout=0.5)
+            return listener
+        except AssertionError:
+            continue
+    listener.close()
+    raise AssertionError("the IOPub subscriber never joined")
+
+
+@pytest.fixture
+async def leased(fork_server: bool) -> AsyncIterator[tuple[Lease, IOPubListener]]:
+    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool, pool.lease() as lease:
+        listener = await _subscribed(lease)
+        try:
+            yield lease, listener
+        finally:
+            listener.close()
+
+
+async def test_an_execution_publishes_its_outputs_and_idle_only(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    lease, listener = leased
+    result = await lease.execute("print('hi')\n6 * 7", deadline=time.monotonic() + 10)
+    assert result.ok, result.reply
+    kinds = [m["msg_type"] for m in listener.messages_of(result.msg_id)]
+    # no execute_input echo of the code and no busy status: the pool, the only client,
+    # reads neither
+    assert kinds == ["stream", "execute_result", "status"], kinds
+    assert stdout_of(result) == "hi\n"
+
+
+async def test_output_left_in_the_buffer_arrives_before_idle(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    """A quiet flush is skipped; one with output pending is not, whoever wrote it."""
+    lease, _listener = leased
+    quiet = await lease.execute("x = 1", deadline=time.monotonic() + 10)
+    assert quiet.ok and stdout_of(quiet) == ""
+    code = (
+        "import sys, threading\n"
+        "sys.stdout.write('no newline')\n"
+        "t = threading.Thread(target=lambda: sys.stderr.write('from a thread'))\n"
+        "t.start(); t.join()\n"
+        "sys.stdout.flush()\n"
+        "sys.stdout.write(' and after the flush');"
+    )
+    for _ in range(3):  # each time: nothing is held back for a later flush
+        result = await lease.execute(code, deadline=time.monotonic() + 10)
+        assert result.ok, result.reply
+        streams = [
+            (o.content["name"], o.content["text"]) for o in result.outputs if o.msg_type == "stream"
+        ]
+        assert "".join(t for n, t in streams if n == "stdout") == "no newline and after the flush"
+        assert "".join(t for n, t in streams if n == "stderr") == "from a thread"
+
+
+async def test_a_kernel_builds_no_debug_records_but_still_warns(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    """Its log takes the level its handlers print at (a stock kernel's is DEBUG)."""
+    lease, _listener = leased
+    code = (
+        "import logging\n"
+        "log = get_ipython().kernel.log\n"
+        "print(log.isEnabledFor(logging.DEBUG), log.isEnabledFor(logging.WARNING))"
+    )
+    result = await lease.execute(code, deadline=time.monotonic() + 10)
+    assert stdout_of(result) == "False True\n"
