@@ -28,11 +28,12 @@ from .agent import setup_code
 from .auth import scrub_secrets
 from .errors import WorkerError, error_response
 from .execution import ExecutionContext, sweep_stale_run_dirs
+from .fastpath import FastPath
 from .jobs import JobQueue
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
-from .routes import OPENAPI_COMPONENTS, router
+from .routes import OPENAPI_COMPONENTS, execute_v1, notebook_execute, router
 from .settings import Settings, memory_backed
 from .state import WorkerState
 from .url_safety import UrlPolicy, guarded_client
@@ -127,7 +128,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)
-    app.add_middleware(RequestIdMiddleware)
+    # the hot endpoints skip the router (the routes stay registered: schema, docs)
+    hot = {"/v1/execute": execute_v1, "/v1/notebook-execute": notebook_execute}
+    app.add_middleware(FastPath, endpoints=hot)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so it sees both paths
     return app
 
 
