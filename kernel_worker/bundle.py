@@ -31,7 +31,6 @@ import io
 import json
 import os
 import stat
-import tarfile
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
@@ -40,6 +39,7 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from .stored_gzip import StoredGzipWriter
+from .tarwriter import TarWriter
 
 __all__ = [
     "EXECUTOR_REF",
@@ -157,8 +157,9 @@ def bundle_bytes(run_dir: Path, outcome: CellOutcome, *, compresslevel: int = 1)
     than the compression itself.
     """
     raw = io.BytesIO()
-    with tarfile.TarFile(fileobj=raw, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        _write_members(tar, run_dir, outcome)
+    tar = TarWriter(raw)
+    _write_members(tar, run_dir, outcome)
+    tar.close()
     if compresslevel == 0:  # stored, framed like the large bundles (XFL 0)
         out = io.BytesIO()
         with StoredGzipWriter(out) as gz:
@@ -186,16 +187,10 @@ def write_bundle(
         gz = gzip.GzipFile(
             filename="", mode="wb", fileobj=counter, compresslevel=compresslevel, mtime=0
         )
-    with (
-        gz,
-        tarfile.TarFile(
-            fileobj=gz,  # type: ignore[arg-type]  # write() and tell() are all it uses
-            mode="w",
-            format=tarfile.PAX_FORMAT,
-            copybufsize=_COPY_BUFFER_BYTES,
-        ) as tar,
-    ):
+    with gz:
+        tar = TarWriter(gz, copy_bytes=_COPY_BUFFER_BYTES)  # type: ignore[arg-type]
         _write_members(tar, run_dir, outcome)
+        tar.close()
     return counter.written
 
 
@@ -312,12 +307,12 @@ def _dirs_member(folder: str, rel: str) -> str | None:
 # ---- writing -------------------------------------------------------------------------
 
 
-def _write_members(tar: tarfile.TarFile, run_dir: Path, outcome: CellOutcome) -> None:
-    _add_bytes(tar, STDOUT_MEMBER, outcome.stdout.encode("utf-8", "replace"))
-    _add_bytes(tar, STDERR_MEMBER, outcome.stderr.encode("utf-8", "replace"))
-    _add_bytes(tar, CONSOLE_MEMBER, _json({"stdout": outcome.stdout, "stderr": outcome.stderr}))
+def _write_members(tar: TarWriter, run_dir: Path, outcome: CellOutcome) -> None:
+    tar.add_bytes(STDOUT_MEMBER, outcome.stdout.encode("utf-8", "replace"))
+    tar.add_bytes(STDERR_MEMBER, outcome.stderr.encode("utf-8", "replace"))
+    tar.add_bytes(CONSOLE_MEMBER, _json({"stdout": outcome.stdout, "stderr": outcome.stderr}))
     if not outcome.success:
-        _add_bytes(tar, ERROR_MEMBER, _json(_error_document(outcome)))
+        tar.add_bytes(ERROR_MEMBER, _json(_error_document(outcome)))
     sizes: dict[str, int] = {}
     for member in _wanted_members(outcome):
         size = _add_run_file(tar, run_dir, member)
@@ -326,8 +321,8 @@ def _write_members(tar: tarfile.TarFile, run_dir: Path, outcome: CellOutcome) ->
     manifest = build_manifest(outcome, sizes)
     # One hard link per distinct file, even when several variables name it.
     for link in dict.fromkeys(str(output["file"]) for output in _as_list(manifest["outputs"])):
-        _add_link(tar, link, f"{FILES_DIR}/{PurePosixPath(link).name}")
-    _add_bytes(tar, MANIFEST_MEMBER, _json(manifest))
+        tar.add_link(link, f"{FILES_DIR}/{PurePosixPath(link).name}")
+    tar.add_bytes(MANIFEST_MEMBER, _json(manifest))
 
 
 def _wanted_members(outcome: CellOutcome) -> list[str]:
@@ -356,14 +351,14 @@ def _error_document(outcome: CellOutcome) -> dict[str, object]:
     }
 
 
-def _add_run_file(tar: tarfile.TarFile, run_dir: Path, member: str) -> int | None:
+def _add_run_file(tar: TarWriter, run_dir: Path, member: str) -> int | None:
     """Stream ``run_dir/<member>`` into the tar; None when it is not a regular file."""
     with _open_regular(run_dir, member.split("/")) as source:
         if source is None:
             return None
-        info = _info(member, os.fstat(source.fileno()).st_size)
-        tar.addfile(info, source)
-        return info.size
+        size = os.fstat(source.fileno()).st_size
+        tar.add_file(member, source, size)
+        return size
 
 
 @contextmanager
@@ -393,27 +388,6 @@ def _open_no_follow(root: Path, parts: list[str]) -> int | None:
             return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
         except OSError:
             return None
-
-
-def _info(name: str, size: int) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.size = size
-    info.mode = 0o644
-    info.mtime = 0
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info
-
-
-def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-    tar.addfile(_info(name, len(data)), io.BytesIO(data))
-
-
-def _add_link(tar: tarfile.TarFile, name: str, target: str) -> None:
-    info = _info(name, 0)
-    info.type = tarfile.LNKTYPE
-    info.linkname = target
-    tar.addfile(info)
 
 
 def _json(document: object) -> bytes:

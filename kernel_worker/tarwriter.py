@@ -1,0 +1,95 @@
+"""A write-only tar stream for bundles: the bytes ``tarfile`` writes, a header at a time.
+
+Every bundle member has the same metadata (mode 0644, uid/gid 0, no owner names, mtime 0),
+so only the name, size, type and link target vary. For the common member (an ASCII name
+and link target of at most 100 characters, under 8 GiB) the POSIX header is assembled
+here directly; ``tarfile`` spent more time building a small bundle's headers (``TarInfo``,
+its PAX checks, field encoding) than deflating the whole bundle. Any other member gets
+``tarfile``'s own PAX header. The archive is byte for byte what
+``tarfile.TarFile(format=PAX_FORMAT)`` writes for the same members.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from typing import BinaryIO
+
+__all__ = ["TarWriter"]
+
+BLOCK = tarfile.BLOCKSIZE
+_RECORD = tarfile.RECORDSIZE
+_NUL_BLOCK = bytes(BLOCK)
+_MAX_PLAIN_SIZE = 8**11 - 1  # the largest size the 12-byte octal field holds
+_MAX_NAME = 100  # name and link target fields
+_MODE = 0o644
+# name(100) | mode uid gid (8 each) | size(12) | mtime(12) | chksum(8) | type(1)
+# | linkname(100) | magic+version(8) | uname gname (32 each) | devmajor devminor (8 each)
+# | prefix(155) | pad(12)
+_MODE_UID_GID = b"%07o\0" % _MODE + b"%07o\0" % 0 + b"%07o\0" % 0
+_MTIME = b"%011o\0" % 0
+_AFTER_LINK = tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12)
+
+
+def _plain(text: str) -> bytes | None:
+    """``text`` as a header field needs no PAX record: ASCII, at most 100 characters."""
+    if len(text) > _MAX_NAME or not text.isascii():
+        return None
+    return text.encode("ascii")
+
+
+def _header(name: str, size: int, kind: bytes, linkname: str = "") -> bytes:
+    plain_name, plain_link = _plain(name), _plain(linkname)
+    if plain_name is None or plain_link is None or size > _MAX_PLAIN_SIZE:
+        info = tarfile.TarInfo(name)
+        info.size, info.type, info.linkname = size, kind, linkname
+        info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = _MODE, 0, 0, 0, "", ""
+        return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+    head = plain_name.ljust(_MAX_NAME, b"\0") + _MODE_UID_GID + b"%011o\0" % size + _MTIME
+    tail = kind + plain_link.ljust(_MAX_NAME, b"\0") + _AFTER_LINK
+    checksum = sum(head) + sum(tail) + 8 * 0x20  # the checksum field counts as spaces
+    return head + b"%06o\0 " % checksum + tail
+
+
+class TarWriter:
+    """Members written to ``fileobj`` (which only needs ``write``); :meth:`close` ends the
+    archive (it does not close ``fileobj``)."""
+
+    def __init__(self, fileobj: BinaryIO, *, copy_bytes: int = 1 << 20) -> None:
+        self._out = fileobj
+        self._copy_bytes = copy_bytes
+        self._offset = 0
+
+    def _write(self, data: bytes | memoryview) -> None:
+        self._out.write(data)
+        self._offset += len(data)
+
+    def _pad(self, size: int) -> None:
+        if size % BLOCK:
+            self._write(_NUL_BLOCK[: BLOCK - size % BLOCK])
+
+    def add_bytes(self, name: str, data: bytes) -> None:
+        self._write(_header(name, len(data), tarfile.REGTYPE))
+        self._write(data)
+        self._pad(len(data))
+
+    def add_file(self, name: str, source: BinaryIO, size: int) -> None:
+        """``size`` bytes read from ``source``; fewer is an ``OSError`` (as in tarfile)."""
+        self._write(_header(name, size, tarfile.REGTYPE))
+        left = size
+        while left:
+            chunk = source.read(min(left, self._copy_bytes))
+            if not chunk:
+                raise OSError(f"{name}: unexpected end of data")
+            self._write(chunk)
+            left -= len(chunk)
+        self._pad(size)
+
+    def add_link(self, name: str, target: str) -> None:
+        """A hard link ``name`` to the earlier member ``target``."""
+        self._write(_header(name, 0, tarfile.LNKTYPE, target))
+
+    def close(self) -> None:
+        """Two zero blocks, then zeros up to a whole record (20 blocks), as tarfile ends."""
+        self._write(_NUL_BLOCK * 2)
+        if self._offset % _RECORD:
+            self._write(bytes(_RECORD - self._offset % _RECORD))

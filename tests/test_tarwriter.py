@@ -1,0 +1,116 @@
+"""The bundles' tar writer: the same bytes as tarfile's PAX writer, member for member."""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kernel_worker.tarwriter import TarWriter
+
+# (kind, name, payload or link target)
+Member = tuple[str, str, bytes | str]
+
+MEMBERS: list[Member] = [
+    ("bytes", "stdout.txt", b"hello\n"),
+    ("bytes", "stderr.txt", b""),
+    ("bytes", "block.bin", b"x" * 512),  # exactly one block: no padding
+    ("file", "files/result.arrow", b"\x00\xff" * 3000),
+    ("bytes", "files/" + "n" * 94, b"a name of exactly 100 characters"),
+    ("bytes", "dirs/out/" + "long" * 30 + ".csv", b"a,b\n"),  # over 100: PAX path record
+    ("bytes", "dirs/out/données.csv", b"non-ASCII name: PAX path record"),
+    ("link", "outputs/result.arrow", "files/result.arrow"),
+    ("link", "outputs/" + "y" * 120, "files/result.arrow"),  # long link name
+    ("link", "outputs/other", "files/" + "z" * 101),  # long link target: PAX linkpath
+    ("bytes", "manifest.json", b'{"success": true}'),
+]
+
+
+def reference(members: list[Member]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for kind, name, payload in members:
+            info = tarfile.TarInfo(name)
+            info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
+                0o644, 0, 0, 0, "", ""
+            )  # fmt: skip
+            if kind == "link":
+                assert isinstance(payload, str)
+                info.type, info.linkname = tarfile.LNKTYPE, payload
+                tar.addfile(info)
+            else:
+                assert isinstance(payload, bytes)
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    return out.getvalue()
+
+
+def ours(members: list[Member]) -> bytes:
+    out = io.BytesIO()
+    tar = TarWriter(out, copy_bytes=1000)  # several reads per file
+    for kind, name, payload in members:
+        if kind == "link":
+            assert isinstance(payload, str)
+            tar.add_link(name, payload)
+        elif kind == "file":
+            assert isinstance(payload, bytes)
+            tar.add_file(name, io.BytesIO(payload), len(payload))
+        else:
+            assert isinstance(payload, bytes)
+            tar.add_bytes(name, payload)
+    tar.close()
+    return out.getvalue()
+
+
+def test_the_bytes_are_tarfiles() -> None:
+    assert ours(MEMBERS) == reference(MEMBERS)
+
+
+def test_an_empty_archive_is_tarfiles() -> None:
+    assert ours([]) == reference([])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["bytes", "link"]),
+            st.text(st.characters(exclude_characters="\0/"), min_size=1, max_size=130),
+            st.binary(max_size=1500),
+        ),
+        max_size=6,
+    )
+)
+def test_any_member_names_give_tarfiles_bytes(raw: list[tuple[str, str, bytes]]) -> None:
+    members: list[Member] = [
+        (kind, name, payload if kind == "bytes" else "target") for kind, name, payload in raw
+    ]
+    assert ours(members) == reference(members)
+
+
+def test_a_short_file_is_an_error() -> None:
+    tar = TarWriter(io.BytesIO())
+    with pytest.raises(OSError, match="unexpected end of data"):
+        tar.add_file("files/x", io.BytesIO(b"12"), 3)
+
+
+@pytest.mark.skipif(shutil.which("tar") is None, reason="no tar on this machine")
+def test_gnu_tar_reads_it(tmp_path: Path) -> None:
+    archive = tmp_path / "bundle.tar"
+    archive.write_bytes(ours(MEMBERS))
+    listing = subprocess.run(
+        ["tar", "-tvf", str(archive)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert len(listing) == len(MEMBERS)
+    assert "dirs/out/données.csv" in listing[6]
+    assert "outputs/result.arrow link to files/result.arrow" in listing[7]
+    wanted = ["files/result.arrow", "outputs/result.arrow"]
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(tmp_path), *wanted], check=True)
+    assert (tmp_path / "files" / "result.arrow").read_bytes() == b"\x00\xff" * 3000
+    assert (tmp_path / "outputs" / "result.arrow").stat().st_nlink == 2
