@@ -14,11 +14,12 @@ import json
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -60,31 +61,22 @@ class RunDir:
     root: Path
     received_bytes: int = 0
     """Request bytes staged into it (a hint of how much there is to remove)."""
+    inputs: Path = field(init=False)
+    work: Path = field(init=False)
+    files: Path = field(init=False)
+    display: Path = field(init=False)
+    report: Path = field(init=False)
+    """Where the agent writes what it collected (JSON)."""
+    dirs: Path = field(init=False)
 
-    @property
-    def inputs(self) -> Path:
-        return self.root / "inputs"
-
-    @property
-    def work(self) -> Path:
-        return self.root / "work"
-
-    @property
-    def files(self) -> Path:
-        return self.root / "files"
-
-    @property
-    def display(self) -> Path:
-        return self.root / "display"
-
-    @property
-    def report(self) -> Path:
-        """Where the agent writes what it collected (JSON)."""
-        return self.root / "agent-report.json"
-
-    @property
-    def dirs(self) -> Path:
-        return self.root / "dirs"
+    def __post_init__(self) -> None:
+        # joined once: the request's path reads them many times
+        self.inputs = self.root / "inputs"
+        self.work = self.root / "work"
+        self.files = self.root / "files"
+        self.display = self.root / "display"
+        self.report = self.root / "agent-report.json"
+        self.dirs = self.root / "dirs"
 
     def create(self) -> None:
         for path in (self.inputs, self.work, self.files, self.display):
@@ -92,11 +84,26 @@ class RunDir:
 
     @classmethod
     def make(cls, parent: Path | None) -> RunDir:
-        """A new, private run directory under ``parent`` (blocking: use a thread)."""
+        """A new, private run directory under ``parent`` (blocking: use a thread).
+
+        Named like ``mkdtemp`` would (unpredictable, created 0700, never reused), without
+        its per-call parameter checks and pure-Python name generator.
+        """
+        base = os.path.abspath(parent if parent is not None else tempfile.gettempdir())
         prefix = f"{RUN_DIR_PREFIX}{os.getpid()}-"  # the owner's pid: see sweep_stale_run_dirs
-        run_dir = cls(Path(tempfile.mkdtemp(prefix=prefix, dir=parent)))
-        run_dir.create()
-        return run_dir
+        while True:
+            root = os.path.join(base, prefix + secrets.token_urlsafe(6))
+            try:
+                os.mkdir(root, 0o700)
+                break
+            except FileExistsError:
+                continue
+        for sub in _RUN_SUBDIRS:
+            os.mkdir(os.path.join(root, sub))
+        return cls(Path(root))
+
+
+_RUN_SUBDIRS = ("inputs", "work", "files", "display")
 
 
 RUN_DIR_PREFIX = "skw-run-"
