@@ -100,6 +100,7 @@ def _lean_messaging():
             log.setLevel(quietest)
     for stream in (sys.stdout, sys.stderr):
         _skip_idle_flushes(stream)
+    _remember_signature_checks()
 
 
 def _no_rebroadcast(*args, **kwargs):
@@ -112,6 +113,34 @@ def _without_busy(publish_status):
             publish_status(status, *args, **kwargs)
 
     return publish_unless_busy
+
+
+def _remember_signature_checks():
+    """ipykernel inspects ``shell.run_cell``'s signature on every execution (about 60 us);
+    the answer only changes with the function, so it is kept per function."""
+    try:
+        from ipykernel import ipkernel
+    except Exception:
+        return
+    check = getattr(ipkernel, "_accepts_parameters", None)
+    if check is None or getattr(check, "remembers", False):
+        return
+    answers = {}
+
+    def accepts_parameters(meth, param_names):
+        try:
+            key = (getattr(meth, "__func__", meth), tuple(param_names))
+            answer = answers.get(key)
+        except TypeError:  # unhashable: ask every time
+            return check(meth, param_names)
+        if answer is None:
+            if len(answers) >= 64:  # cells that keep replacing run_cell: stay small
+                answers.clear()
+            answer = answers[key] = check(meth, param_names)
+        return dict(answer)
+
+    accepts_parameters.remembers = True
+    ipkernel._accepts_parameters = accepts_parameters
 
 
 def _skip_idle_flushes(stream):

@@ -124,3 +124,30 @@ async def test_a_kernel_builds_no_debug_records_but_still_warns(
     )
     result = await lease.execute(code, deadline=time.monotonic() + 10)
     assert stdout_of(result) == "False True\n"
+
+
+async def test_a_replaced_runner_is_called_as_its_own_signature_allows(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    """ipykernel's per-execution signature check is remembered per function, not per name:
+    a narrower ``run_cell_async`` put in place by a cell is called without ``cell_id``."""
+    lease, _listener = leased
+    awaiting = "import asyncio\nawait asyncio.sleep(0)\nprint('{}')"  # run by run_cell_async
+    first = await lease.execute(awaiting.format("before"), deadline=time.monotonic() + 10)
+    assert stdout_of(first) == "before\n"
+    replace = (
+        "shell = get_ipython()\n"
+        "original = shell.run_cell_async\n"
+        "async def narrow(raw_cell, store_history=False, silent=False, shell_futures=True,\n"
+        "                 *, transformed_cell=None, preprocessing_exc_tuple=None):\n"
+        "    print('narrow')\n"
+        "    return await original(raw_cell, store_history, silent, shell_futures,\n"
+        "        transformed_cell=transformed_cell, preprocessing_exc_tuple=preprocessing_exc_tuple)\n"
+        "shell.run_cell_async = narrow"
+    )
+    assert (await lease.execute(replace, deadline=time.monotonic() + 10)).ok
+    after = await lease.execute(awaiting.format("after"), deadline=time.monotonic() + 10)
+    assert after.ok, after.reply
+    assert stdout_of(after) == "narrow\nafter\n"
+    undo = "import asyncio\nawait asyncio.sleep(0)\ndel get_ipython().run_cell_async"
+    assert (await lease.execute(undo, deadline=time.monotonic() + 10)).ok
