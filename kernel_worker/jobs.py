@@ -24,12 +24,13 @@ from pathlib import Path
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
 from .state import Execution
+from .streaming import BundleStream
 
 log = logging.getLogger(__name__)
 
 
-JobResult = Path | bytes | dict[str, object]
-"""A bundle (a file, or bytes when small) or, for pull runs, the JSON answer."""
+JobResult = Path | bytes | BundleStream | dict[str, object]
+"""A bundle (bytes when small, else a file or a stream) or, for pull runs, the JSON answer."""
 
 
 class JobState(enum.Enum):

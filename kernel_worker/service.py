@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import stat
 import time
@@ -26,6 +27,7 @@ from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cel
 from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
+from .streaming import BundleStream
 
 CANCELLED_DETAIL = "execution was cancelled"
 AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
@@ -48,6 +50,7 @@ def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
             execution,
             on_start=job.mark_running,
             in_memory_limit=IN_MEMORY_BUNDLE_BYTES,
+            stream=True,
         )
 
     return submit_work(state, cell.build_id, run_dir, work)
@@ -87,15 +90,17 @@ async def execute_to_bundle(
     console: ConsoleListener | None = None,
     on_start: Callable[[], None] | None = None,
     in_memory_limit: int = 0,
+    stream: bool = False,
     after_cell: AfterCell | None = None,
-) -> Path | bytes:
+) -> Path | bytes | BundleStream:
     """Lease a kernel (waiting as long as needed), run the cell, write the bundle.
 
     A bundle whose contents are under ``in_memory_limit`` bytes is returned as bytes (no
-    file to write, stat and stream back); a larger one as the path of its file.
+    file to write, stat and stream back); a larger one as the path of its file or, with
+    ``stream``, as a :class:`BundleStream` that writes it while it is sent.
     """
 
-    async def body() -> Path | bytes:
+    async def body() -> Path | bytes | BundleStream:
         # remote data is fetched before a kernel is held, and synced back after it is free
         mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
         try:
@@ -121,10 +126,11 @@ async def execute_to_bundle(
         bundle = await offload(
             payload is not None and payload <= SMALL_IO_BYTES,
             _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit,
-            payload,
+            payload, state.metrics.bytes_out.inc if stream else None,
         )  # fmt: skip
-        size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
-        state.metrics.bytes_out.inc(size)
+        if not isinstance(bundle, BundleStream):  # a stream counts its bytes as they go
+            size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
+            state.metrics.bytes_out.inc(size)
         return bundle
 
     work = asyncio.ensure_future(body())
@@ -189,8 +195,10 @@ def _write(
     compresslevel: int | None,
     in_memory_limit: int,
     payload: int | None = None,
-) -> Path | bytes:
-    """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``.
+    stream_counting: Callable[[int], object] | None = None,
+) -> Path | bytes | BundleStream:
+    """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``, or
+    (given ``stream_counting``, told each chunk's size) not yet: a stream that writes it.
 
     ``payload``: the bytes it will hold, when already counted (see _payload_bytes).
     """
@@ -199,6 +207,9 @@ def _write(
     level = compresslevel if compresslevel is not None else _auto_level(run_dir, payload)
     if payload < in_memory_limit:
         return bundle_bytes(run_dir.root, outcome, compresslevel=level)
+    if stream_counting is not None:
+        write = functools.partial(write_bundle, run_dir.root, outcome, compresslevel=level)
+        return BundleStream(write, on_bytes=stream_counting)
     path = run_dir.root / "bundle.tar.gz"
     with open(path, "wb") as fh:
         write_bundle(run_dir.root, outcome, fh, compresslevel=level)
