@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from .stored_gzip import StoredGzipWriter
+from .stored_gzip import StoredGzipWriter, stored_length
 from .tarwriter import TarWriter
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "MimeDisplay",
     "build_manifest",
     "bundle_bytes",
+    "stored_bundle_length",
     "write_bundle",
 ]
 
@@ -291,6 +292,15 @@ def _files_member(file: object) -> str | None:
 def _display_member(file: str) -> str | None:
     base = _plain(file)
     return f"{DISPLAY_DIR}/{base}" if base else None
+
+
+def stored_bundle_length(run_dir: Path, outcome: CellOutcome) -> int:
+    """The exact length ``write_bundle(..., compresslevel=0)`` writes for the run directory
+    as it is now (blocking: it opens and stats the files, reads none of them)."""
+    tar = TarWriter(None)
+    _write_members(tar, run_dir, outcome)
+    tar.close()
+    return stored_length(tar.size)
 
 
 def _outputs_member(files_member: str) -> str:

@@ -255,7 +255,8 @@ class _BundleFileResponse(FileResponse):
 
 
 class _StreamedBundleResponse(Response):
-    """A large bundle, sent as it is written (chunked; no bundle file).
+    """A large bundle, sent as it is written (no bundle file): with its length when known
+    in advance (a stored bundle), else chunked.
 
     The run directory's removal (``background``) runs however the response ends: complete,
     the client gone mid-way, or the writer failing (the response is then cut short: a
@@ -268,7 +269,10 @@ class _StreamedBundleResponse(Response):
         self.stream = stream
         self.status_code = 200
         self.background = background
-        self.init_headers(BUNDLE_HEADERS)
+        headers = dict(BUNDLE_HEADERS)
+        if stream.length is not None:  # the server then checks that exactly this many go out
+            headers["content-length"] = str(stream.length)
+        self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         gone = asyncio.Event()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kernel_pool import PoolClosed
 
-from .bundle import CellOutcome, bundle_bytes, write_bundle
+from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
@@ -209,7 +209,9 @@ def _write(
         return bundle_bytes(run_dir.root, outcome, compresslevel=level)
     if stream_counting is not None:
         write = functools.partial(write_bundle, run_dir.root, outcome, compresslevel=level)
-        return BundleStream(write, on_bytes=stream_counting)
+        # a stored bundle's length is known up front: sent with it, not chunked
+        length = stored_bundle_length(run_dir.root, outcome) if level == 0 else None
+        return BundleStream(write, length=length, on_bytes=stream_counting)
     path = run_dir.root / "bundle.tar.gz"
     with open(path, "wb") as fh:
         write_bundle(run_dir.root, outcome, fh, compresslevel=level)

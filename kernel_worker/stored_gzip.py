@@ -18,6 +18,18 @@ _FULL_BLOCK_HEADER = struct.pack("<BHH", 0, _BLOCK, _BLOCK ^ 0xFFFF)
 _LAST_EMPTY_BLOCK = struct.pack("<BHH", 1, 0, 0xFFFF)
 
 
+def stored_length(size: int) -> int:
+    """The exact length of the stream :class:`StoredGzipWriter` makes of ``size`` bytes."""
+    full, rest = divmod(size, _BLOCK)
+    return (
+        len(_HEADER)
+        + full * (len(_FULL_BLOCK_HEADER) + _BLOCK)
+        + (len(_FULL_BLOCK_HEADER) + rest if rest else 0)
+        + len(_LAST_EMPTY_BLOCK)
+        + 8  # trailer: CRC32 and size
+    )
+
+
 class _Writable(Protocol):
     def write(self, data: bytes, /) -> int: ...
 
@@ -38,6 +50,7 @@ class StoredGzipWriter:
         target.write(_HEADER)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
+        """Frame ``data``; what completes blocks goes to the target in one write."""
         if self._closed:
             raise ValueError("write to a closed stream")
         view = memoryview(data).cast("B")
@@ -45,19 +58,19 @@ class StoredGzipWriter:
         self._crc = zlib.crc32(view, self._crc)
         self._size += length
         pending = self._pending
+        parts: list[bytes | memoryview] = []
         if pending:
             take = min(length, _BLOCK - len(pending))
             pending += view[:take]
             view = view[take:]
             if len(pending) < _BLOCK:
                 return length
-            self._target.write(_FULL_BLOCK_HEADER + pending)
+            parts += (_FULL_BLOCK_HEADER, bytes(pending))
             pending.clear()
         whole = len(view) - len(view) % _BLOCK
-        if whole:
-            parts: list[bytes | memoryview] = []
-            for start in range(0, whole, _BLOCK):
-                parts += (_FULL_BLOCK_HEADER, view[start : start + _BLOCK])
+        for start in range(0, whole, _BLOCK):
+            parts += (_FULL_BLOCK_HEADER, view[start : start + _BLOCK])
+        if parts:
             self._target.write(b"".join(parts))
         pending += view[whole:]
         return length

@@ -45,8 +45,9 @@ class _Handoff:
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
         length = len(data)
-        if length >= self._chunk_bytes and not self._pending and isinstance(data, bytes):
-            self.hand(data)  # already a chunk of its own: no copy
+        if length >= self._chunk_bytes // 4 and isinstance(data, bytes):
+            self.flush_pending()
+            self.hand(data)  # big enough to go as a chunk of its own: no copy
         else:
             self._pending += data
             if len(self._pending) >= self._chunk_bytes:
@@ -78,18 +79,21 @@ class _Handoff:
 class BundleStream:
     """A bundle produced by ``write(fileobj)`` in a thread, read with :meth:`chunks`.
 
-    ``on_bytes`` is told the size of every chunk as it is handed out (for metrics).
+    ``length``: how many bytes ``write`` will write, when known in advance (the response
+    then carries it). ``on_bytes`` is told the size of every chunk as it is handed out.
     """
 
     def __init__(
         self,
         write: Callable[[BinaryIO], object],
         *,
+        length: int | None = None,
         on_bytes: Callable[[int], object] | None = None,
         chunk_bytes: int = CHUNK_BYTES,
         depth: int = 4,
     ) -> None:
         self._write = write
+        self.length = length
         self._on_bytes = on_bytes
         self._chunk_bytes = chunk_bytes
         self._depth = depth

@@ -52,15 +52,25 @@ def _header(name: str, size: int, kind: bytes, linkname: str = "") -> bytes:
 
 class TarWriter:
     """Members written to ``fileobj`` (which only needs ``write``); :meth:`close` ends the
-    archive (it does not close ``fileobj``)."""
+    archive (it does not close ``fileobj``).
 
-    def __init__(self, fileobj: BinaryIO, *, copy_bytes: int = 1 << 20) -> None:
+    With ``fileobj=None`` nothing is written or read: :attr:`size` is then the length the
+    same calls would write (files count as their given size).
+    """
+
+    def __init__(self, fileobj: BinaryIO | None, *, copy_bytes: int = 1 << 20) -> None:
         self._out = fileobj
         self._copy_bytes = copy_bytes
         self._offset = 0
 
+    @property
+    def size(self) -> int:
+        """The bytes written (or, measuring, that would have been) so far."""
+        return self._offset
+
     def _write(self, data: bytes | memoryview) -> None:
-        self._out.write(data)
+        if self._out is not None:
+            self._out.write(data)
         self._offset += len(data)
 
     def _pad(self, size: int) -> None:
@@ -75,6 +85,10 @@ class TarWriter:
     def add_file(self, name: str, source: BinaryIO, size: int) -> None:
         """``size`` bytes read from ``source``; fewer is an ``OSError`` (as in tarfile)."""
         self._write(_header(name, size, tarfile.REGTYPE))
+        if self._out is None:  # measuring
+            self._offset += size
+            self._pad(size)
+            return
         left = size
         while left:
             chunk = source.read(min(left, self._copy_bytes))

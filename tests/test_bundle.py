@@ -18,6 +18,7 @@ from kernel_worker.bundle import (
     MimeDisplay,
     build_manifest,
     bundle_bytes,
+    stored_bundle_length,
     write_bundle,
 )
 
@@ -381,3 +382,21 @@ def test_in_memory_bundle_holds_the_same_tar(run_dir: Path, level: int) -> None:
     in_memory = bundle_bytes(run_dir, outcome(), compresslevel=level)
     assert gzip.decompress(in_memory) == gzip.decompress(streamed.getvalue())
     assert in_memory[:2] == b"\x1f\x8b" and in_memory[8] == (4 if level == 1 else 0)
+
+
+def test_a_stored_bundles_length_is_known_before_it_is_written(run_dir: Path) -> None:
+    """What the response announces up front is exactly what write_bundle then writes."""
+    (run_dir / "files" / "big.bin").write_bytes(os.urandom(3 * 0xFFFF + 11))
+    folder = run_dir / "dirs" / "ckpt"
+    folder.mkdir(parents=True)
+    (folder / ("long-name-" * 12 + ".bin")).write_bytes(b"m" * 700)  # a PAX header
+    variables = {
+        "x": {"content_type": "json/object", "file": "x.json"},
+        "big": {"content_type": "pickle/object", "file": "big.bin"},
+        "gone": {"content_type": "json/object", "file": "missing.json"},
+    }
+    dirs = {"ckpt": {"long-name-" * 12 + ".bin": 700}}
+    for case in (outcome(), outcome(variables=variables, output_dirs=dirs), outcome(success=False)):
+        written = io.BytesIO()
+        write_bundle(run_dir, case, written, compresslevel=0)
+        assert stored_bundle_length(run_dir, case) == len(written.getvalue())

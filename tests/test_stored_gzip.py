@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_worker.stored_gzip import StoredGzipWriter
+from kernel_worker.stored_gzip import StoredGzipWriter, stored_length
 
 
 def written(chunks: list[bytes]) -> bytes:
@@ -28,6 +28,7 @@ def written(chunks: list[bytes]) -> bytes:
 @given(st.lists(st.binary(max_size=3000) | st.integers(0, 200_000).map(os.urandom), max_size=8))
 def test_any_sequence_of_writes_round_trips(chunks: list[bytes]) -> None:
     data = written(chunks)
+    assert len(data) == stored_length(sum(map(len, chunks)))  # however the writes fell
     assert gzip.decompress(data) == b"".join(chunks)
     # zlib's own gzip decoder, strict about the trailer too
     assert zlib.decompress(data, 16 + zlib.MAX_WBITS) == b"".join(chunks)
@@ -41,6 +42,7 @@ def test_block_boundaries_and_header() -> None:
         assert data[8] == 0  # XFL: stored
         # stored: the stream is the data plus 5 bytes a block and 18 of header and trailer
         assert len(data) <= size + 5 * (size // 0xFFFF + 2) + 18
+        assert len(data) == stored_length(size)
 
 
 def test_a_tar_written_through_it_reads_back() -> None:

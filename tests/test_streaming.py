@@ -34,8 +34,21 @@ async def test_the_chunks_are_what_the_writer_wrote() -> None:
     counted: list[int] = []
     chunks = await collect(BundleStream(write, on_bytes=counted.append, chunk_bytes=4096))
     assert b"".join(chunks) == b"".join(pieces)
-    assert all(len(chunk) >= 4096 for chunk in chunks[:-1])  # small writes are gathered
     assert counted == [len(chunk) for chunk in chunks]
+
+
+async def test_small_writes_are_gathered_and_big_ones_go_as_they_are() -> None:
+    big = b"B" * 3000
+
+    def write(fh: BinaryIO) -> None:
+        for _ in range(100):
+            fh.write(b"s" * 100)  # under a quarter chunk: gathered
+        fh.write(big)  # a quarter chunk or more: handed over as is
+
+    chunks = await collect(BundleStream(write, chunk_bytes=4096))
+    assert b"".join(chunks) == b"s" * 10_000 + big
+    assert [len(c) for c in chunks] == [4100, 4100, 1800, 3000]  # from 4096 on, a chunk goes
+    assert chunks[-1] is big
 
 
 async def test_a_writer_is_never_more_than_depth_chunks_ahead() -> None:
@@ -104,7 +117,7 @@ def post(client: httpx.Client, source: str) -> httpx.Request:
     return client.build_request("POST", "/v1/execute", files=files)
 
 
-def test_a_large_bundle_is_sent_as_it_is_written(worker: WorkerProcess) -> None:
+def test_large_bundles_are_sent_as_they_are_written(worker: WorkerProcess) -> None:
     source = (
         "import hashlib, os\n"
         "noise = os.urandom(5_000_000)\n"
@@ -113,8 +126,9 @@ def test_a_large_bundle_is_sent_as_it_is_written(worker: WorkerProcess) -> None:
     with httpx.Client(base_url=worker.url, timeout=60) as client:
         response = client.send(post(client, source))
         assert response.status_code == 200
-        assert response.headers.get("transfer-encoding") == "chunked"  # no file, no length
-        assert "content-length" not in response.headers
+        # incompressible, so stored: its length is known before it is written
+        assert response.headers["content-length"] == str(len(response.content))
+        assert response.content[8] == 0  # XFL: stored
         bundle = read_bundle(response)
         assert bundle.manifest["success"], bundle.manifest
         digest = bundle.variables["digest"]["preview"]
@@ -123,6 +137,10 @@ def test_a_large_bundle_is_sent_as_it_is_written(worker: WorkerProcess) -> None:
         assert len(data) == 5_000_000 and hashlib.sha256(data).hexdigest() == digest
         small = client.send(post(client, "x = 1"))  # small bundles keep their length
         assert small.headers.get("content-length") == str(len(small.content))
+        text = client.send(post(client, "text = 'a,b,c\\n1,2,3\\n' * 300_000"))
+        assert text.headers.get("transfer-encoding") == "chunked"  # deflated: length unknown
+        assert "content-length" not in text.headers and text.content[8] == 4
+        assert read_bundle(text).variables["text"]["content_type"]
 
 
 def test_a_client_leaving_mid_bundle_stops_it_and_frees_everything(worker: WorkerProcess) -> None:
@@ -168,7 +186,7 @@ def test_a_bundle_fetched_by_polling_streams_too(tmp_path_factory: pytest.TempPa
                 assert polled.json()["state"] in ("queued", "running"), polled.text
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-            assert polled.headers.get("transfer-encoding") == "chunked"
+            assert polled.headers["content-length"] == str(len(polled.content))
             bundle = read_bundle(polled)
             assert len(bundle.file("b")) > 3_000_000
     finally:
