@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.responses import FileResponse, JSONResponse, Response
-from starlette.types import Receive, Scope, Send
 
 from . import __version__
 from .auth import check_bearer
@@ -27,7 +26,7 @@ from .mounts import cached_bytes
 from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
-from .streaming import BundleStream
+from .streaming import BundleStream, BundleStreamResponse
 
 if TYPE_CHECKING:
     from .state import Execution, WorkerState
@@ -254,57 +253,6 @@ class _BundleFileResponse(FileResponse):
     chunk_size = 1 << 20
 
 
-class _StreamedBundleResponse(Response):
-    """A large bundle, sent as it is written (no bundle file): with its length when known
-    in advance (a stored bundle), else chunked.
-
-    The run directory's removal (``background``) runs however the response ends: complete,
-    the client gone mid-way, or the writer failing (the response is then cut short: a
-    client sees an incomplete body, never a truncated bundle that looks whole).
-    """
-
-    media_type = "application/x-tar"
-
-    def __init__(self, stream: BundleStream, background: BackgroundTask) -> None:
-        self.stream = stream
-        self.status_code = 200
-        self.background = background
-        headers = dict(BUNDLE_HEADERS)
-        if stream.length is not None:  # the server then checks that exactly this many go out
-            headers["content-length"] = str(stream.length)
-        self.init_headers(headers)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
-
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.ensure_future(watch())
-        try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            )
-            async with contextlib.aclosing(self.stream.chunks()) as chunks:
-                async for chunk in chunks:
-                    if gone.is_set():
-                        log.info("client went away during the bundle: stopped sending")
-                        return
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except Exception:
-            log.exception("writing the bundle failed mid-response: the response is cut short")
-            raise
-        finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
-            if self.background is not None:
-                await self.background()
-
-
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:
     """Wait briefly for a kernel: then answer inline, or 202 with the job's URL."""
     async with _cancel_on_disconnect(request, job.execution):
@@ -350,7 +298,7 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
             result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
         )
     if isinstance(result, BundleStream):
-        return _StreamedBundleResponse(result, cleanup)
+        return BundleStreamResponse(result, BUNDLE_HEADERS, cleanup)
     if isinstance(result, dict):  # a pull run's answer
         if polled:
             body = {"state": "finished", "status_code": 200, "result": result}

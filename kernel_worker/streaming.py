@@ -5,6 +5,7 @@ directory and then streamed from there: every output byte was written twice and 
 more. :class:`BundleStream` runs the bundle writer in a thread instead, handing its output
 to the response in chunks of about 1 MiB, at most ``depth`` of them in flight (memory stays
 bounded whatever the bundle's size). The response's pace is the writer's pace.
+:class:`BundleStreamResponse` sends one.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import BinaryIO, cast
+
+from starlette.background import BackgroundTask
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -152,3 +157,56 @@ class BundleStream:
             for _ in range(self._depth):  # wake a writer waiting for a slot
                 slots.release()
             await finished.wait()  # the writer stops at its next write
+
+
+class BundleStreamResponse(Response):
+    """A large bundle, sent as it is written (no bundle file): with its length when known
+    in advance (a stored bundle), else chunked.
+
+    The run directory's removal (``background``) runs however the response ends: complete,
+    the client gone mid-way, or the writer failing (the response is then cut short: a
+    client sees an incomplete body, never a truncated bundle that looks whole).
+    """
+
+    media_type = "application/x-tar"
+
+    def __init__(
+        self, stream: BundleStream, headers: Mapping[str, str], background: BackgroundTask
+    ) -> None:
+        self.stream = stream
+        self.status_code = 200
+        self.background = background
+        headers = dict(headers)
+        if stream.length is not None:  # the server then checks that exactly this many go out
+            headers["content-length"] = str(stream.length)
+        self.init_headers(headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        gone = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone.set()
+
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await send(
+                {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
+            )
+            async with contextlib.aclosing(self.stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    if gone.is_set():
+                        log.info("client went away during the bundle: stopped sending")
+                        return
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except Exception:
+            log.exception("writing the bundle failed mid-response: the response is cut short")
+            raise
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if self.background is not None:
+                await self.background()
