@@ -157,15 +157,17 @@ def bundle_bytes(run_dir: Path, outcome: CellOutcome, *, compresslevel: int = 1)
     headers and padding, and feeding them through ``GzipFile`` piece by piece cost more
     than the compression itself.
     """
+    if compresslevel == 0:  # stored, framed like the large bundles (XFL 0) as it is written
+        out = io.BytesIO()
+        with StoredGzipWriter(out) as gz:
+            tar = TarWriter(gz)  # type: ignore[arg-type]  # write() is all it uses
+            _write_members(tar, run_dir, outcome)
+            tar.close()
+        return out.getvalue()
     raw = io.BytesIO()
     tar = TarWriter(raw)
     _write_members(tar, run_dir, outcome)
     tar.close()
-    if compresslevel == 0:  # stored, framed like the large bundles (XFL 0)
-        out = io.BytesIO()
-        with StoredGzipWriter(out) as gz:
-            gz.write(raw.getbuffer())
-        return out.getvalue()
     return zlib.compress(raw.getbuffer(), compresslevel, wbits=_GZIP_WBITS)
 
 
