@@ -78,10 +78,6 @@ class RunDir:
         self.report = self.root / "agent-report.json"
         self.dirs = self.root / "dirs"
 
-    def create(self) -> None:
-        for path in (self.inputs, self.work, self.files, self.display):
-            path.mkdir(exist_ok=True)
-
     @classmethod
     def make(cls, parent: Path | None) -> RunDir:
         """A new, private run directory under ``parent`` (blocking: use a thread).

@@ -16,8 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from .auth import check_bearer
 from .errors import WorkerError, error_response
+from .routes import require_token
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 
@@ -43,7 +43,7 @@ class FastPath:
         request = Request(scope, receive, send)
         state = request.app.state.worker
         try:
-            check_bearer(request.headers.get("authorization"), state.settings.token)
+            await require_token(request)  # the routes' own gate
             response = await endpoint(request)
         except WorkerError as exc:
             response = error_response(exc, timeout_status=state.settings.timeout_status)
