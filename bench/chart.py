@@ -8,13 +8,14 @@ from typing import Any
 
 COLORS = {
     "raw": "#7f7f7f",
+    "http": "#c7c7c7",
     "ours": "#1f77b4",
     "kernel_pool": "#1f77b4",
     "fresh": "#ff7f0e",
     "fresh_paced": "#ffbb78",
     "reference": "#d62728",
 }
-TARGETS = ("raw", "ours", "fresh", "fresh_paced", "reference")
+TARGETS = ("raw", "http", "ours", "fresh", "fresh_paced", "reference")
 THROUGHPUT_TARGETS = ("raw", "ours", "fresh", "reference")
 POOL_CASES = ("raw_execute", "lease_execute", "full_cycle", "reset", "replacement")
 
@@ -122,7 +123,7 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
     labels, series = _latency_series(worker)
     _grouped(axes["latency"], labels, series)
     axes["latency"].set_ylabel("seconds per cell (p50, whisker to p95)")
-    axes["latency"].set_title("Worker latency by case (HTTP; raw = same cell on a bare kernel)")
+    axes["latency"].set_title("Worker latency by case (raw = same cell on a bare kernel; http = same bytes, no kernel)")
 
     levels = worker.get("throughput") or {}
     tput: dict[str, list[tuple[float, float]]] = {}

@@ -22,6 +22,7 @@ import httpx
 
 from .cases import Case, PreparedRequest, check_bundle
 from .errors import Failure
+from .http_floor import RECEIVED_BYTES_HEADER, RESPONSE_BYTES_HEADER
 from .processes import ServerProcess
 from .rawkernel import RawKernel
 from .stats import summarize
@@ -76,6 +77,36 @@ def http_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> Run
         problem = await asyncio.to_thread(check_bundle, case, response.content)
         body = "" if problem is None else _manifest_text(response.content)
         return Attempt(seconds, 200, problem, body)
+
+    return run
+
+
+def floor_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> RunOnce:
+    """The case's own request to the HTTP floor, asking for a response of its output's size."""
+    headers = {
+        "content-type": request.content_type,
+        RESPONSE_BYTES_HEADER: str(case.output_bytes),
+    }
+
+    async def run() -> Attempt:
+        started = time.perf_counter()
+        try:
+            response = await target.client.post(
+                target.url + "/v1/execute", content=request.body, headers=headers
+            )
+        except httpx.HTTPError as exc:
+            return Attempt(time.perf_counter() - started, None, f"transport: {exc!r}")
+        seconds = time.perf_counter() - started
+        if response.status_code != 200:
+            text = response.text[:RESPONSE_CAP]
+            return Attempt(seconds, response.status_code, f"HTTP {response.status_code}", text)
+        received = response.headers.get(RECEIVED_BYTES_HEADER)
+        if received != str(len(request.body)):
+            return Attempt(seconds, 200, f"the floor read {received} of {len(request.body)} bytes")
+        if len(response.content) != case.output_bytes:
+            problem = f"{len(response.content)} response bytes, not {case.output_bytes}"
+            return Attempt(seconds, 200, problem)
+        return Attempt(seconds, 200, None)
 
     return run
 

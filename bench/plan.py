@@ -13,14 +13,14 @@ MB = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Reps:
-    """Measured repetitions per target (the raw kernel uses ``ours``)."""
+    """Measured repetitions per target (the raw kernel and the HTTP floor use ``ours``)."""
 
     ours: int
     fresh: int
     reference: int
 
     def for_target(self, target: str) -> int:
-        if target in ("ours", "raw"):
+        if target in ("ours", "raw", "http"):
             return self.ours
         return self.fresh if target == "fresh" else self.reference
 

@@ -8,6 +8,8 @@ from typing import Any
 from .stats import ratio
 
 TARGET_ORDER = ("raw", "ours", "fresh", "reference")
+TRANSFER_ORDER = ("raw", "http", "raw_plus_http", "ours", "fresh", "reference")
+TRANSFER_HEADS = {"raw_plus_http": "raw+http"}
 
 
 def fmt_seconds(value: float | None) -> str:
@@ -138,9 +140,9 @@ def _pool_lines(pool: dict[str, Any]) -> list[str]:
 
 
 def _worker_lines(worker: dict[str, Any]) -> list[str]:
-    head = (f"{'WORKER (HTTP, p50 unless noted)':<27}{'raw':>9}{'ours':>9}{'ours p95':>10}"
-            f"{'ours p99':>10}{'1st ours':>10}{'fresh':>9}{'ref':>9}"
-            f"{'ours/raw':>10}{'fresh/ours':>11}{'ref/ours':>10}")  # fmt: skip
+    head = (f"{'WORKER (HTTP, p50 unless noted)':<27}{'raw':>9}{'http':>9}{'ours':>9}"
+            f"{'ours p95':>10}{'ours p99':>10}{'1st ours':>10}{'fresh':>9}{'ref':>9}"
+            f"{'ours/raw':>10}{'/(r+http)':>10}{'fresh/ours':>11}{'ref/ours':>10}")  # fmt: skip
     lines = [head]
     for name, case in (worker.get("cases") or {}).items():
         t = case.get("targets") or {}
@@ -150,9 +152,10 @@ def _worker_lines(worker: dict[str, Any]) -> list[str]:
 
         r = case.get("ratios") or {}
         lines.append(
-            f"{case.get('label', name)[:26]:<27}{p('raw'):>9}{p('ours'):>9}{p('ours', 'p95'):>10}"
-            f"{p('ours', 'p99'):>10}{fmt_seconds(_get(t, 'ours', 'first')):>10}"
+            f"{case.get('label', name)[:26]:<27}{p('raw'):>9}{p('http'):>9}{p('ours'):>9}"
+            f"{p('ours', 'p95'):>10}{p('ours', 'p99'):>10}{fmt_seconds(_get(t, 'ours', 'first')):>10}"
             f"{p('fresh'):>9}{p('reference'):>9}{fmt_ratio(r.get('ours_vs_raw')):>10}"
+            f"{fmt_ratio(r.get('ours_vs_raw_plus_http')):>10}"
             f"{fmt_ratio(r.get('fresh_vs_ours')):>11}{fmt_ratio(r.get('reference_vs_ours')):>10}"
         )
     lines += _preload_lines(_get(worker, "cases", "preloaded_model"))
@@ -196,11 +199,11 @@ def _preload_lines(case: dict[str, Any] | None) -> list[str]:
 def _transfer_lines(transfer: dict[str, Any]) -> list[str]:
     if not transfer:
         return []
-    lines = [f"{'TRANSFER, MB/s (payload / p50)':<33}" + "".join(f"{n:>11}" for n in TARGET_ORDER)
-             + f"{'ours/ref':>10}  goal (ours)"]  # fmt: skip
+    heads = "".join(f"{TRANSFER_HEADS.get(n, n):>11}" for n in TRANSFER_ORDER)
+    lines = [f"{'TRANSFER, MB/s (payload / p50)':<33}{heads}{'ours/ref':>10}  goal (ours)"]
     for item in transfer.values():
         rates = item.get("mb_per_second") or {}
-        cells = "".join(f"{fmt_rate(rates.get(n)):>11}" for n in TARGET_ORDER)
+        cells = "".join(f"{fmt_rate(rates.get(n)):>11}" for n in TRANSFER_ORDER)
         goal = ">= 500" if item.get("bytes") == 100 * 1000**2 else ""
         vs_ref = ratio(rates.get("ours"), rates.get("reference"))
         lines.append(f"{item.get('label', '?'):<33}{cells}{fmt_ratio(vs_ref):>10}  {goal}")

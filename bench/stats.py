@@ -60,7 +60,7 @@ def p50(summary: Summary | None) -> float | None:
     return None if summary is None else summary.p50
 
 
-BASE_TARGETS = ("raw", "ours", "fresh", "reference")
+BASE_TARGETS = ("raw", "http", "ours", "fresh", "reference")
 
 
 def result_p50(result: dict[str, Any] | None) -> float | None:
@@ -71,10 +71,20 @@ def result_p50(result: dict[str, Any] | None) -> float | None:
     return value
 
 
+def raw_plus_http(results: dict[str, Any]) -> float | None:
+    """The raw kernel's median plus the HTTP floor's: a worker that added nothing."""
+    raw, http = result_p50(results.get("raw")), result_p50(results.get("http"))
+    return None if raw is None or http is None else raw + http
+
+
 def case_ratios(results: dict[str, Any]) -> dict[str, float | None]:
-    """A case's ratios on medians: ``ours/raw`` (overhead) and ``<baseline>/ours`` (speed-up)."""
+    """A case's ratios on medians: ``ours/raw`` (overhead), ``ours/(raw+http)`` (overhead
+    beyond moving the bytes over HTTP) and ``<baseline>/ours`` (speed-up)."""
     ours = result_p50(results.get("ours"))
-    ratios = {"ours_vs_raw": ratio(ours, result_p50(results.get("raw")))}
+    ratios = {
+        "ours_vs_raw": ratio(ours, result_p50(results.get("raw"))),
+        "ours_vs_raw_plus_http": ratio(ours, raw_plus_http(results)),
+    }
     baselines = ["fresh", "reference", *(n for n in results if n not in BASE_TARGETS)]
     for name in baselines:
         ratios[f"{name}_vs_ours"] = ratio(result_p50(results.get(name)), ours)
@@ -86,7 +96,7 @@ TRANSFER_MIN_BYTES = 100_000_000
 
 def transfer_rates(cases: dict[str, Any]) -> dict[str, Any]:
     """Effective MB/s (payload bytes / median seconds per request, end to end) for every
-    target on the input and output cases of 100 MB and more."""
+    target on the input and output cases of 100 MB and more, and for ``raw_plus_http``."""
     rates: dict[str, Any] = {}
     for name, case in cases.items():
         nbytes = case.get("bytes") or 0
@@ -94,6 +104,7 @@ def transfer_rates(cases: dict[str, Any]) -> dict[str, Any]:
             continue
         targets = case.get("targets") or {}
         per_target = {t: ratio(nbytes / 1e6, result_p50(targets.get(t))) for t in BASE_TARGETS}
+        per_target["raw_plus_http"] = ratio(nbytes / 1e6, raw_plus_http(targets))
         rates[name] = {
             "label": case.get("label", name),
             "bytes": nbytes,

@@ -3,6 +3,7 @@
 Targets, measured case by case in this order so drift hits them alike:
 
 * ``raw``: the same cell on bare kernels (jupyter_client only; see :mod:`bench.cases`);
+* ``http``: the same request to a server that only moves the bytes (:mod:`bench.http_floor`);
 * ``ours``: ``strata-kernel-worker --recycle reset`` (the product, 2 warm kernels);
 * ``fresh``: ``strata-kernel-worker --recycle fresh`` (a new kernel for every cell);
 * ``reference``: ``strata-worker`` (started here, or already running at ``--compare-url``).
@@ -14,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from .measure import (
     CpuProbe,
     HttpTarget,
     RunOnce,
+    floor_runner,
     http_runner,
     latency,
     raw_runner,
@@ -63,6 +66,7 @@ class Reference:
 @dataclass(slots=True)
 class Targets:
     raw: list[RawKernel]
+    floor: HttpTarget
     http: list[HttpTarget]
     client: httpx.AsyncClient
 
@@ -129,6 +133,10 @@ class WorkerBench:
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
             )
         )
+        port = free_port()
+        floor_argv = [sys.executable, "-m", "bench.http_floor", "--port", str(port)]
+        floor = ServerProcess("http", floor_argv, port, self.logs / "http.log")
+        self.described["http"] = "loopback HTTP only (bench.http_floor): uvicorn + this client"
         servers = [self._our_server("ours", "reset"), self._our_server("fresh", "fresh")]
         if self.reference.binary is not None:
             port = free_port()
@@ -139,16 +147,18 @@ class WorkerBench:
             stack.push_async_callback(server.stop)
             env = server_env(inline_matplotlib=server.name != "reference")
             await server.start(env, ROOT)
+        stack.push_async_callback(floor.stop)
+        await floor.start(server_env(inline_matplotlib=False), ROOT)
         raw = [RawKernel(self.workdir, f"raw-{i}") for i in range(self.plan.kernels)]
         for kernel in raw:
             stack.push_async_callback(kernel.stop)
         await asyncio.gather(*(k.start() for k in raw))
-        await asyncio.gather(*(s.wait_healthy(client, START_SECONDS) for s in servers))
+        await asyncio.gather(*(s.wait_healthy(client, START_SECONDS) for s in [floor, *servers]))
         http = [HttpTarget(s.name, s.url, client, s) for s in servers]
         if self.reference.url is not None:
             http.append(await self._external(client, self.reference.url))
         self.described["raw"] = f"{len(raw)} ipykernel(s) via jupyter_client, no HTTP"
-        return Targets(raw, http, client)
+        return Targets(raw, HttpTarget(floor.name, floor.url, client, floor), http, client)
 
     def _our_server(
         self, name: str, recycle: str, spares: int = 0, preload: Path | None = None
@@ -222,7 +232,9 @@ class WorkerBench:
 
     # -- cases -------------------------------------------------------------------------------
 
-    async def _runners(self, case: Case, targets: Targets) -> dict[str, tuple[RunOnce, str]]:
+    async def _runners(
+        self, case: Case, targets: Targets, *, floor: bool = True
+    ) -> dict[str, tuple[RunOnce, str]]:
         payload = None
         input_path = None
         if case.input_bytes:
@@ -233,6 +245,8 @@ class WorkerBench:
         del payload
         source = raw_source(case, input_path, self.workdir / f"{case.name}-out.arrow")
         runners = {"raw": (raw_runner(targets.raw, case, source), f"raw kernel: {source!r}")}
+        if floor:
+            runners["http"] = (floor_runner(targets.floor, case, request), request.description)
         for target in targets.http:
             runners[target.name] = (http_runner(target, case, request), request.description)
         return runners
@@ -243,7 +257,7 @@ class WorkerBench:
         by_target = targets.by_name
         results: dict[str, Any] = {}
         for name, (run, request) in runners.items():
-            pooled = name in ("raw", "ours")
+            pooled = name in ("raw", "http", "ours")
             warmups = 0 if case.heavy and not pooled else 1
             # ≥ 100 MB: the smaller sizes already warmed every kernel's imports
             burst = self.plan.kernels if pooled and not case.heavy else 0
@@ -263,7 +277,7 @@ class WorkerBench:
 
     async def _throughput(self, targets: Targets) -> dict[str, Any]:
         case = worker_cases(full=False)[0]
-        runners = await self._runners(case, targets)
+        runners = await self._runners(case, targets, floor=False)
         by_target = targets.by_name
         tp = self.plan.throughput
         levels: dict[str, Any] = {}
