@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import math
 import os
 import pwd
 import signal
@@ -62,6 +63,13 @@ def _seconds(text: str) -> float:
     value = float(text)
     if value < 0:
         raise argparse.ArgumentTypeError("must not be negative")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):  # refuses nan and inf too
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
     return value
 
 
@@ -195,6 +203,14 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         f"{ENV_PREFIX}DRAIN_SECONDS",
         _seconds,
         "on SIGTERM, how long executions in flight may finish while new ones get 503 (default 30)",
+    ),
+    (
+        "--heartbeat-seconds",
+        "STRATA_WORKER_HEARTBEAT_SECONDS",
+        _positive_seconds,
+        "POST /execute (strata-pool): an answer not ready within this interval is sent as a "
+        "200 that streams a space every interval, then the status and body in JSON (default: "
+        "off)",
     ),
     (
         "--metrics-port",

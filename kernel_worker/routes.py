@@ -21,6 +21,7 @@ from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import BadRequest, NotFound, error_response, status_for
 from .execution import SMALL_IO_BYTES, RunDir, offload
+from .heartbeat import HeartbeatResponse
 from .jobs import Job
 from .mounts import cached_bytes
 from .pull import submit_manifest
@@ -425,8 +426,20 @@ async def execute_manifest(request: Request) -> Response:
 
 @protected.post("/execute", openapi_extra=_MANIFEST_BODY)
 async def execute_pool_alias(request: Request) -> Response:
-    """strata-pool's path to the pull model (it posts the manifest with no content type)."""
-    return await execute_manifest(request)
+    """strata-pool's path to the pull model (it posts the manifest with no content type);
+    with ``--heartbeat-seconds``, a long run's answer streams (see :mod:`.heartbeat`)."""
+    state = _state(request)
+    interval = state.settings.heartbeat_seconds
+    if interval is None:
+        return await execute_manifest(request)
+    job = await submit_manifest(state, request.stream())
+    async with _cancel_on_disconnect(request, job.execution):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(job.done.wait(), interval)
+    if job.done.is_set():
+        return _deliver(state, job)
+    timeout_status = state.settings.timeout_status
+    return HeartbeatResponse(job, interval, lambda: _deliver(state, job), timeout_status)
 
 
 router.include_router(protected)

@@ -97,6 +97,8 @@ class Settings:
     interrupt_grace_seconds: float = 2.0
     output_dir_poll_seconds: float = 5.0
     drain_seconds: float = 30.0
+    heartbeat_seconds: float | None = None
+    """``POST /execute`` answers that take longer stream a space this often (strata-pool)."""
     # pull model (spec §10): where signed URLs may point
     allow_local_hosts: bool = False
     allowed_hosts: tuple[str, ...] = ()
@@ -114,6 +116,8 @@ class Settings:
             raise ValueError("queue depth must not be negative")
         if self.job_ttl_seconds <= 0:
             raise ValueError("job TTL must be positive")
+        if self.heartbeat_seconds is not None and not self.heartbeat_seconds > 0:
+            raise ValueError("heartbeat interval must be positive")
 
 
 def default_run_root() -> Path | None:

@@ -57,10 +57,20 @@ def test_gpu_slots_set_the_pool_size() -> None:
     assert settings_from(["--gpu-slots", "2", "--pool-size", "4"], {}).pool_size == 4
 
 
+def test_heartbeat_interval_from_the_reference_variable_or_the_flag() -> None:
+    assert settings_from([], {}).heartbeat_seconds is None
+    assert settings_from([], {"STRATA_WORKER_HEARTBEAT_SECONDS": "30"}).heartbeat_seconds == 30.0
+    env = {"STRATA_WORKER_HEARTBEAT_SECONDS": "30"}
+    assert settings_from(["--heartbeat-seconds", "2.5"], env).heartbeat_seconds == 2.5
+    with pytest.raises(SystemExit):
+        settings_from([], {"STRATA_WORKER_HEARTBEAT_SECONDS": "nan"})
+
+
 @pytest.mark.parametrize(
     "argv",
     [["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
-     ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"]],
+     ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"],
+     ["--heartbeat-seconds", "0"], ["--heartbeat-seconds", "-5"], ["--heartbeat-seconds", "inf"]],
 )  # fmt: skip
 def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
