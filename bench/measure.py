@@ -59,24 +59,34 @@ class HttpTarget:
             await self.server.wait_healthy(self.client, SETTLE_SECONDS)
 
 
+async def _post(
+    target: HttpTarget, request: PreparedRequest, headers: dict[str, str]
+) -> tuple[httpx.Response | None, Attempt]:
+    """POST the case's body to the target; the response (when 200) and the attempt so far."""
+    started = time.perf_counter()
+    try:
+        response = await target.client.post(
+            target.url + "/v1/execute", content=request.body, headers=headers
+        )
+    except httpx.HTTPError as exc:
+        return None, Attempt(time.perf_counter() - started, None, f"transport: {exc!r}")
+    seconds = time.perf_counter() - started
+    if response.status_code != 200:
+        text = response.text[:RESPONSE_CAP]
+        return None, Attempt(seconds, response.status_code, f"HTTP {response.status_code}", text)
+    return response, Attempt(seconds, 200, None)
+
+
 def http_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> RunOnce:
     headers = {"content-type": request.content_type}
 
     async def run() -> Attempt:
-        started = time.perf_counter()
-        try:
-            response = await target.client.post(
-                target.url + "/v1/execute", content=request.body, headers=headers
-            )
-        except httpx.HTTPError as exc:
-            return Attempt(time.perf_counter() - started, None, f"transport: {exc!r}")
-        seconds = time.perf_counter() - started
-        if response.status_code != 200:
-            text = response.text[:RESPONSE_CAP]
-            return Attempt(seconds, response.status_code, f"HTTP {response.status_code}", text)
+        response, attempt = await _post(target, request, headers)
+        if response is None:
+            return attempt
         problem = await asyncio.to_thread(check_bundle, case, response.content)
         body = "" if problem is None else _manifest_text(response.content)
-        return Attempt(seconds, 200, problem, body)
+        return Attempt(attempt.seconds, 200, problem, body)
 
     return run
 
@@ -89,24 +99,16 @@ def floor_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> Ru
     }
 
     async def run() -> Attempt:
-        started = time.perf_counter()
-        try:
-            response = await target.client.post(
-                target.url + "/v1/execute", content=request.body, headers=headers
-            )
-        except httpx.HTTPError as exc:
-            return Attempt(time.perf_counter() - started, None, f"transport: {exc!r}")
-        seconds = time.perf_counter() - started
-        if response.status_code != 200:
-            text = response.text[:RESPONSE_CAP]
-            return Attempt(seconds, response.status_code, f"HTTP {response.status_code}", text)
+        response, attempt = await _post(target, request, headers)
+        if response is None:
+            return attempt
         received = response.headers.get(RECEIVED_BYTES_HEADER)
+        problem = None
         if received != str(len(request.body)):
-            return Attempt(seconds, 200, f"the floor read {received} of {len(request.body)} bytes")
-        if len(response.content) != case.output_bytes:
+            problem = f"the floor read {received} of {len(request.body)} bytes"
+        elif len(response.content) != case.output_bytes:
             problem = f"{len(response.content)} response bytes, not {case.output_bytes}"
-            return Attempt(seconds, 200, problem)
-        return Attempt(seconds, 200, None)
+        return Attempt(attempt.seconds, 200, problem)
 
     return run
 

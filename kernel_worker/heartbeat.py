@@ -15,7 +15,6 @@ run directory is removed either way.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 
 from .errors import WorkerError, error_response
 from .jobs import Job
+from .streaming import watching_for_disconnect
 
 log = logging.getLogger(__name__)
 
@@ -48,33 +48,23 @@ class HeartbeatResponse(Response):
         self.init_headers({STATUS_IN_BODY_HEADER: "1"})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
+        async with watching_for_disconnect(receive, self.job.execution.cancel.set) as gone:
+            await self._send(send, gone)
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-            self.job.execution.cancel.set()
-
-        watcher = asyncio.ensure_future(watch())
+    async def _send(self, send: Send, gone: asyncio.Event) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+        while not await _ended(self.job, self.interval):
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": b" ", "more_body": True})
+        answer = self._answer()
+        status, content = answer.status_code, bytes(answer.body).decode("utf-8")
+        final = json.dumps({"status_code": status, "content": content}).encode("utf-8")
         try:
-            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-            while not await _ended(self.job, self.interval):
-                if not gone.is_set():
-                    await send({"type": "http.response.body", "body": b" ", "more_body": True})
-            answer = self._answer()
-            status, content = answer.status_code, bytes(answer.body).decode("utf-8")
-            final = json.dumps({"status_code": status, "content": content}).encode("utf-8")
-            try:
-                if not gone.is_set():
-                    await send({"type": "http.response.body", "body": final})
-            finally:
-                if answer.background is not None:
-                    await answer.background()
+            if not gone.is_set():
+                await send({"type": "http.response.body", "body": final})
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
+            if answer.background is not None:
+                await answer.background()
 
     def _answer(self) -> Response:
         """What the run's answer would have been, had it been ready within the interval."""

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncGenerator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import BinaryIO, cast
 
 from starlette.background import BackgroundTask
@@ -159,6 +159,30 @@ class BundleStream:
             await finished.wait()  # the writer stops at its next write
 
 
+@contextlib.asynccontextmanager
+async def watching_for_disconnect(
+    receive: Receive, on_gone: Callable[[], None] | None = None
+) -> AsyncIterator[asyncio.Event]:
+    """An event set when the client goes away (the request body already read), and
+    ``on_gone`` called then; the watcher stops on exit."""
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+        if on_gone is not None:
+            on_gone()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+
+
 class BundleStreamResponse(Response):
     """A large bundle, sent as it is written (no bundle file): with its length when known
     in advance (a stored bundle), else chunked.
@@ -182,18 +206,12 @@ class BundleStreamResponse(Response):
         self.init_headers(headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        gone = asyncio.Event()
+        async with watching_for_disconnect(receive) as gone:
+            await self._send(send, gone)
 
-        async def watch() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone.set()
-
-        watcher = asyncio.ensure_future(watch())
+    async def _send(self, send: Send, gone: asyncio.Event) -> None:
         try:
-            await send(
-                {"type": "http.response.start", "status": 200, "headers": self.raw_headers}
-            )
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             async with contextlib.aclosing(self.stream.chunks()) as chunks:
                 async for chunk in chunks:
                     if gone.is_set():
@@ -205,8 +223,5 @@ class BundleStreamResponse(Response):
             log.exception("writing the bundle failed mid-response: the response is cut short")
             raise
         finally:
-            watcher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await watcher
             if self.background is not None:
                 await self.background()
