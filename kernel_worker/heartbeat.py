@@ -53,7 +53,7 @@ class HeartbeatResponse(Response):
 
     async def _send(self, send: Send, gone: asyncio.Event) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
-        while not await _ended(self.job, self.interval):
+        while not await ended_within(self.job, self.interval):
             if not gone.is_set():
                 await send({"type": "http.response.body", "body": b" ", "more_body": True})
         answer = self._answer()
@@ -81,7 +81,8 @@ class HeartbeatResponse(Response):
             )
 
 
-async def _ended(job: Job, interval: float) -> bool:
+async def ended_within(job: Job, interval: float) -> bool:
+    """Whether *job* is done, waiting for it at most *interval* seconds."""
     try:
         await asyncio.wait_for(job.done.wait(), interval)
     except TimeoutError:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import shutil
 import time
@@ -21,16 +20,16 @@ from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import BadRequest, NotFound, error_response, status_for
 from .execution import SMALL_IO_BYTES, RunDir, offload
-from .heartbeat import HeartbeatResponse
+from .heartbeat import HeartbeatResponse, ended_within
 from .jobs import Job
 from .mounts import cached_bytes
 from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
-from .streaming import BundleStream, BundleStreamResponse
+from .streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
 
 if TYPE_CHECKING:
-    from .state import Execution, WorkerState
+    from .state import WorkerState
 
 log = logging.getLogger(__name__)
 
@@ -256,7 +255,7 @@ class _BundleFileResponse(FileResponse):
 
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:
     """Wait briefly for a kernel: then answer inline, or 202 with the job's URL."""
-    async with _cancel_on_disconnect(request, job.execution):
+    async with watching_for_disconnect(request.receive, job.execution.cancel.set):
         try:
             await asyncio.wait_for(job.started.wait(), state.settings.queue_wait_seconds)
         except TimeoutError:
@@ -363,26 +362,6 @@ async def _counted(
         yield chunk
 
 
-@contextlib.asynccontextmanager
-async def _cancel_on_disconnect(request: Request, execution: Execution) -> AsyncIterator[None]:
-    """Once the body is read, the next ASGI message is the client going away: cancel then."""
-
-    async def watch() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                execution.cancel.set()
-                return
-
-    watcher = asyncio.ensure_future(watch())
-    try:
-        yield
-    finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-
-
 @protected.post("/v1/mount-cache/cached")
 async def mount_cache_probe(request: Request) -> JSONResponse:
     """How much of each given mount listing this machine's read-only cache already holds."""
@@ -433,11 +412,9 @@ async def execute_pool_alias(request: Request) -> Response:
     if interval is None:
         return await execute_manifest(request)
     job = await submit_manifest(state, request.stream())
-    async with _cancel_on_disconnect(request, job.execution):
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(job.done.wait(), interval)
-    if job.done.is_set():
-        return _deliver(state, job)
+    async with watching_for_disconnect(request.receive, job.execution.cancel.set):
+        if await ended_within(job, interval):
+            return _deliver(state, job)
     timeout_status = state.settings.timeout_status
     return HeartbeatResponse(job, interval, lambda: _deliver(state, job), timeout_status)
 
