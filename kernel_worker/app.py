@@ -34,7 +34,7 @@ from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
 from .routes import OPENAPI_COMPONENTS, execute_v1, notebook_execute, router
-from .settings import Settings, memory_backed
+from .settings import Settings, memory_backed, prepare_run_root
 from .state import WorkerState
 from .url_safety import UrlPolicy, guarded_client
 
@@ -84,6 +84,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     pool = Pool(pool_config(settings, kernel_env))
     jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
     owner = _kernel_owner(settings.kernel_user)
+    prepare_run_root(settings.run_root)
     if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
         settings = replace(settings, run_root=_private_run_root(settings.run_root))
     run_root = settings.run_root if settings.run_root is not None else Path(tempfile.gettempdir())

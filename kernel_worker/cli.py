@@ -26,6 +26,7 @@ from .settings import (
     max_input_bytes_from_env,
     parse_gpu_slots,
     parse_size,
+    prepare_run_root,
 )
 
 ENV_PREFIX = "STRATA_KERNEL_WORKER_"
@@ -299,9 +300,14 @@ def _settings(
         **values,
     }
     try:
-        return Settings(**kwargs)
+        settings = Settings(**kwargs)
     except ValueError as exc:
         parser.error(str(exc))
+    try:
+        prepare_run_root(settings.run_root)
+    except OSError as exc:
+        parser.error(f"--run-dir: cannot use {exc.filename or settings.run_root}: {exc.strerror}")
+    return settings
 
 
 class _DrainingServer:

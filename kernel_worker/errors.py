@@ -11,10 +11,12 @@
     ├── CellTimedOut                    408 (504 when the caller asks for it)
     ├── KernelCrashed                   502
     ├── UpstreamFailed                  502
-    └── WorkerBusy (.retry_after_seconds) 503 + Retry-After
+    ├── WorkerBusy (.retry_after_seconds) 503 + Retry-After
+    └── InsufficientStorage             507
 
 Domain code raises these; only :func:`error_response` chooses a status and a body, and
-nothing below the route layer raises ``HTTPException``.
+nothing below the route layer raises ``HTTPException``. :func:`storage_checked` is where a
+full disk (a foreign ``OSError``) becomes :class:`InsufficientStorage`.
 
 ``detail`` is shown to whoever sent the request, so callers pass clean, human-readable
 text: never a file path, a hostname of ours, a traceback or an exception's ``repr`` that
@@ -24,7 +26,9 @@ it trusts the caller to have written it that way.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import errno
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from types import MappingProxyType
 
 from starlette.responses import JSONResponse
@@ -33,6 +37,7 @@ __all__ = [
     "BadRequest",
     "Cancelled",
     "CellTimedOut",
+    "InsufficientStorage",
     "KernelCrashed",
     "NotFound",
     "PayloadTooLarge",
@@ -42,6 +47,7 @@ __all__ = [
     "WorkerError",
     "error_response",
     "status_for",
+    "storage_checked",
 ]
 
 
@@ -102,6 +108,27 @@ class WorkerBusy(WorkerError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class InsufficientStorage(WorkerError):
+    """The worker's run directory filesystem is full (or over quota): nothing was run."""
+
+
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT})
+
+
+@contextmanager
+def storage_checked(what: str) -> Iterator[None]:
+    """Turn a full disk while writing *what* (e.g. "this request's inputs") into
+    :class:`InsufficientStorage`; any other ``OSError`` propagates as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.errno not in _NO_ROOM:
+            raise
+        raise InsufficientStorage(
+            f"The worker has no room left on its run directory's filesystem for {what}"
+        ) from exc
+
+
 # The one status table, most specific first. CellTimedOut's entry is the default;
 # see status_for.
 _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
@@ -115,6 +142,7 @@ _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
         KernelCrashed: 502,
         UpstreamFailed: 502,
         WorkerBusy: 503,
+        InsufficientStorage: 507,
         WorkerError: 500,
     }
 )

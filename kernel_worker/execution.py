@@ -83,7 +83,8 @@ class RunDir:
         """A new, private run directory under ``parent`` (blocking: use a thread).
 
         Named like ``mkdtemp`` would (unpredictable, created 0700, never reused), without
-        its per-call parameter checks and pure-Python name generator.
+        its per-call parameter checks and pure-Python name generator. A parent removed
+        since start-up (a temp-dir cleaner) is made again.
         """
         base = os.path.abspath(parent if parent is not None else tempfile.gettempdir())
         prefix = f"{RUN_DIR_PREFIX}{os.getpid()}-"  # the owner's pid: see sweep_stale_run_dirs
@@ -94,6 +95,10 @@ class RunDir:
                 break
             except FileExistsError:
                 continue
+            except FileNotFoundError:
+                os.makedirs(base, exist_ok=True)
+                os.mkdir(root, 0o700)
+                break
         for sub in _RUN_SUBDIRS:
             os.mkdir(os.path.join(root, sub))
         return cls(Path(root))

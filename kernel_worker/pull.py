@@ -28,7 +28,7 @@ import httpx
 from . import output_dirs
 from .bundle import CellOutcome
 from .envelopes import CellRequest, parse_notebook_execute
-from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy
+from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy, storage_checked
 from .execution import RunDir
 from .jobs import Job, JobResult
 from .output_stream import OutputDirStreamer, streaming, without_streamed
@@ -77,7 +77,8 @@ async def submit_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> Job
     client = state.http_client
     if client is None:
         raise WorkerBusy("Worker is not serving yet")
-    run_dir = await asyncio.to_thread(RunDir.make, state.settings.run_root)
+    with storage_checked("a new run directory"):
+        run_dir = await asyncio.to_thread(RunDir.make, state.settings.run_root)
 
     async def work(execution: Execution, job: Job) -> JobResult:
         with pinned(manifest.pins):
@@ -102,10 +103,11 @@ async def _build(
     for item in manifest.downloads:
         if execution.cancel.is_set():
             raise Cancelled(CANCELLED_DETAIL)
-        await download(
-            client, item.url, run_dir.inputs / item.file, uri=item.uri,
-            cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
-        )  # fmt: skip
+        with storage_checked("this request's inputs"):
+            await download(
+                client, item.url, run_dir.inputs / item.file, uri=item.uri,
+                cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
+            )  # fmt: skip
     streamer = _streamer(client, manifest, run_dir, transfer_seconds)
 
     async def after_cell(outcome: CellOutcome) -> CellOutcome:

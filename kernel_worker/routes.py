@@ -18,7 +18,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from . import __version__
 from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
-from .errors import BadRequest, NotFound, error_response, status_for
+from .errors import BadRequest, NotFound, error_response, status_for, storage_checked
 from .execution import SMALL_IO_BYTES, RunDir, offload
 from .heartbeat import HeartbeatResponse, ended_within
 from .jobs import Job
@@ -235,10 +235,12 @@ async def notebook_execute(request: Request) -> Response:
 
 async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
     state = _state(request)
-    run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
+    with storage_checked("a new run directory"):
+        run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
     root = run_dir.root
     try:
-        cell = await _receive(request, parse, run_dir, state)
+        with storage_checked("this request's inputs"):
+            cell = await _receive(request, parse, run_dir, state)
         job = submit(state, cell, run_dir)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, root, True)

@@ -22,7 +22,7 @@ from kernel_pool import PoolClosed
 
 from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
 from .envelopes import CellRequest
-from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy
+from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
 from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
@@ -123,11 +123,12 @@ async def execute_to_bundle(
         payload = None
         if state.context.inline_io and not outcome.output_dirs:
             payload = _payload_bytes(run_dir, outcome)
-        bundle = await offload(
-            payload is not None and payload <= SMALL_IO_BYTES,
-            _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit,
-            payload, state.metrics.bytes_out.inc if stream else None,
-        )  # fmt: skip
+        with storage_checked("the cell's bundle"):
+            bundle = await offload(
+                payload is not None and payload <= SMALL_IO_BYTES,
+                _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit,
+                payload, state.metrics.bytes_out.inc if stream else None,
+            )  # fmt: skip
         if not isinstance(bundle, BundleStream):  # a stream counts its bytes as they go
             size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
             state.metrics.bytes_out.inc(size)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -133,6 +135,22 @@ def default_run_root() -> Path | None:
         return None
     room = stats.f_bavail * stats.f_frsize
     return shm if room >= _MIN_TMPFS_BYTES and os.access(shm, os.W_OK) else None
+
+
+def prepare_run_root(parent: Path | None) -> Path:
+    """The folder run directories go in, made (with its parents) when missing (blocking).
+
+    Raises:
+        OSError: it cannot be made, or is not a writable directory; ``strerror`` says why.
+    """
+    root = Path(parent) if parent is not None else Path(tempfile.gettempdir())
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # a file, or a link to one, by that name
+        raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(root)) from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "not writable by the worker", str(root))
+    return root
 
 
 _MEMORY_FILESYSTEMS = frozenset({"tmpfs", "ramfs"})
