@@ -17,36 +17,41 @@ DataFrame goes as Arrow IPC and comes back a DataFrame. Outputs are decoded only
 decoding a ``pickle/object`` output unpickles it, so read outputs only from workers you trust
 as much as the code you send them.
 
-Errors::
-
-    ClientError
-    ├── WorkerUnreachable     the worker could not be reached, or the connection broke
-    ├── RequestFailed         a non-200 answer: status_code and the worker's detail
-    ├── CellTimeout           408/504, or no answer by the client's own deadline
-    ├── ProtocolError         the answer is not something this protocol allows
-    ├── InputEncodingError    an input value could not be encoded
-    ├── OutputDecodingError   an output was not serialized by the worker, or cannot be decoded
-    └── CellError             CellResult.raise_for_error() on a cell that raised
+Everything it raises on purpose is a ``ClientError``: the tree is drawn in
+:mod:`kernel_worker.client_errors`, and every class is importable from here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
-import io
 import json
-import keyword
-import tarfile
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol, cast
+from dataclasses import dataclass
 
 import httpx
+
+from .client_errors import (
+    CellError,
+    CellTimeout,
+    ClientError,
+    InputEncodingError,
+    OutputDecodingError,
+    ProtocolError,
+    RequestFailed,
+    WorkerUnreachable,
+)
+from .client_values import (
+    CellResult,
+    Display,
+    EncodedInput,
+    InputPart,
+    Outputs,
+    encode_inputs,
+    parse_bundle,
+)
 
 __all__ = [
     "AsyncClient",
@@ -72,381 +77,6 @@ _NOTEBOOK_PROTOCOL = "notebook-cell-v1"
 _TRANSFORM_REF = "notebook_cell@v1"
 _PENDING_STATES = frozenset({"queued", "provisioning", "starting", "running"})
 _CANCEL_TIMEOUT_SECONDS = 5.0
-# A display's richest format first: what ``Display.content_type`` picks.
-_PREFERENCE = (
-    "image/png",
-    "image/jpeg",
-    "image/svg+xml",
-    "text/html",
-    "text/markdown",
-    "text/latex",
-    "application/json",
-    "text/plain",
-)
-
-
-# ---- errors --------------------------------------------------------------------------
-
-
-class ClientError(Exception):
-    """Root of everything this client raises on purpose."""
-
-
-class WorkerUnreachable(ClientError):
-    """The worker could not be reached, or the connection broke mid-answer."""
-
-
-class RequestFailed(ClientError):
-    """The worker answered with a status other than 200 (or 202 then a failed job)."""
-
-    def __init__(self, status_code: int, detail: str) -> None:
-        super().__init__(f"the worker answered {status_code}: {detail}")
-        self.status_code = status_code
-        self.detail = detail
-
-
-class CellTimeout(ClientError):
-    """The cell outran its timeout (status 408/504), or the client's deadline passed (None)."""
-
-    def __init__(self, status_code: int | None, detail: str) -> None:
-        super().__init__(detail if status_code is None else f"{status_code}: {detail}")
-        self.status_code = status_code
-        self.detail = detail
-
-
-class ProtocolError(ClientError):
-    """The answer is not a bundle, a job URL or an error this protocol allows."""
-
-
-class InputEncodingError(ClientError):
-    """An input value could not be encoded (or its name is not a Python identifier)."""
-
-
-class OutputDecodingError(ClientError):
-    """An output was not serialized by the worker, or cannot be decoded here."""
-
-
-class CellError(ClientError):
-    """The cell raised; ``result`` holds its console, error type, message and traceback."""
-
-    def __init__(self, result: CellResult) -> None:
-        kind = result.error_type or "Error"
-        super().__init__(f"the cell raised {kind}: {result.error or ''}")
-        self.result = result
-
-
-# ---- values in: inputs ---------------------------------------------------------------
-
-
-class _Codecs(Protocol):
-    """The typed view of :mod:`kernel_worker.agent.codecs` this module relies on.
-
-    The codecs also run inside kernels and are not type-checked with the package, so they
-    are imported by name and seen through this protocol.
-    """
-
-    def serialize(self, name: str, value: object, out_dir: str) -> dict[str, object]: ...
-    def load_input(self, path: str, content_type: str) -> object: ...
-    def file_stem(self, name: str) -> str: ...
-    def extension_for(self, content_type: str) -> str: ...
-
-
-def _codecs() -> _Codecs:
-    return cast(_Codecs, importlib.import_module("kernel_worker.agent.codecs"))
-
-
-@dataclass(frozen=True, slots=True)
-class EncodedInput:
-    """A value already encoded in one of the protocol's formats; sent as it is.
-
-    ``content_type`` is the input format (``arrow/ipc``, ``json/object``, ``pickle/object``,
-    ``file/path`` …). ``file_name`` is the name it is staged under on the worker (what a
-    ``file/path`` input's cell sees); it defaults to the input's name plus the format's
-    extension, as Strata names them.
-    """
-
-    content_type: str
-    data: bytes
-    file_name: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class _Part:
-    descriptor: dict[str, object]
-    file_name: str
-    data: bytes
-
-
-def _encode_inputs(inputs: Mapping[str, object]) -> list[_Part]:
-    """Each input as an envelope descriptor plus the bytes of its multipart file part."""
-    codecs = _codecs()
-    parts: list[_Part] = []
-    with tempfile.TemporaryDirectory(prefix="skw-client-") as tmp:
-        for name, value in inputs.items():
-            if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
-                raise InputEncodingError(f"input name {name!r} is not a Python identifier")
-            if isinstance(value, EncodedInput):
-                ext = codecs.extension_for(value.content_type)
-                file_name = value.file_name or codecs.file_stem(name) + ext
-                parts.append(_part(name, value.content_type, file_name, value.data))
-                continue
-            meta = codecs.serialize(name, value, tmp)
-            if "error" in meta:
-                raise InputEncodingError(
-                    f"input {name!r} ({type(value).__name__}) cannot be encoded: {meta['error']}"
-                )
-            file_name = str(meta["file"])
-            data = Path(tmp, file_name).read_bytes()
-            parts.append(_part(name, str(meta["content_type"]), file_name, data))
-    return parts
-
-
-def _part(name: str, content_type: str, file_name: str, data: bytes) -> _Part:
-    descriptor: dict[str, object] = {
-        "name": name,
-        "format": content_type,
-        "file": file_name,
-        "byte_size": len(data),
-    }
-    return _Part(descriptor, file_name, data)
-
-
-# ---- values out: the bundle ----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Display:
-    """One display output of the cell (a figure, a table, markdown …) in every format it came in.
-
-    ``formats`` maps content types to data: ``bytes`` for binary formats (``image/png``),
-    ``str`` for text ones (``text/html``, ``text/markdown``, ``image/svg+xml``,
-    ``text/plain``). ``content_type``/``data`` are the richest of them. In Jupyter a
-    ``Display`` renders as itself.
-    """
-
-    formats: Mapping[str, bytes | str]
-    output_type: str = "display_data"
-
-    @property
-    def content_type(self) -> str:
-        ranked = [t for t in _PREFERENCE if t in self.formats]
-        return ranked[0] if ranked else next(iter(self.formats))
-
-    @property
-    def data(self) -> bytes | str:
-        return self.formats[self.content_type]
-
-    def _repr_mimebundle_(
-        self, include: object = None, exclude: object = None
-    ) -> dict[str, object]:
-        import base64
-
-        bundle: dict[str, object] = {}
-        for kind, value in self.formats.items():
-            if isinstance(value, bytes):
-                bundle[kind] = base64.b64encode(value).decode("ascii")
-            elif kind == "application/json" or kind.endswith("+json"):
-                with contextlib.suppress(ValueError):
-                    bundle[kind] = json.loads(value)
-            else:
-                bundle[kind] = value
-        return bundle
-
-
-def _is_text(content_type: str) -> bool:
-    return content_type.startswith("text/") or content_type in (
-        "image/svg+xml",
-        "application/json",
-        "application/javascript",
-    )
-
-
-def _as_format(content_type: str, raw: bytes) -> bytes | str:
-    return raw.decode("utf-8", "replace") if _is_text(content_type) else raw
-
-
-class Outputs(Mapping[str, object]):
-    """The cell's outputs by name, decoded on first access (then kept).
-
-    Iterating lists every variable the cell made; reading one the worker could not serialize,
-    or one that cannot be decoded here, raises :class:`OutputDecodingError`.
-    """
-
-    def __init__(
-        self, variables: Mapping[str, Mapping[str, object]], members: Mapping[str, bytes]
-    ) -> None:
-        self._variables = variables
-        self._members = members
-        self._decoded: dict[str, object] = {}
-
-    def __getitem__(self, name: str) -> object:
-        if name not in self._decoded:
-            self._decoded[name] = self._decode(name)
-        return self._decoded[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._variables)
-
-    def __len__(self) -> int:
-        return len(self._variables)
-
-    def encoded(self, name: str) -> EncodedInput:
-        """Output *name* as the worker encoded it: ready to send on as another cell's input."""
-        meta = self._variables[name]
-        if "error" in meta:
-            raise OutputDecodingError(f"output {name!r} was not serialized: {meta['error']}")
-        member = meta.get("file")
-        content_type = meta.get("content_type")
-        if not isinstance(member, str) or member not in self._members:
-            raise OutputDecodingError(f"output {name!r} has no file in the bundle")
-        if not isinstance(content_type, str):
-            raise OutputDecodingError(f"output {name!r} has no content type")
-        return EncodedInput(content_type, self._members[member])
-
-    def _decode(self, name: str) -> object:
-        encoded = self.encoded(name)
-        if encoded.content_type in ("image/png", "text/markdown"):
-            return _as_format(encoded.content_type, encoded.data)
-        with tempfile.TemporaryDirectory(prefix="skw-client-") as tmp:
-            path = Path(tmp, "value")
-            path.write_bytes(encoded.data)
-            try:
-                return _codecs().load_input(str(path), encoded.content_type)
-            except Exception as exc:  # the codec's or the format reader's own error
-                raise OutputDecodingError(
-                    f"output {name!r} ({encoded.content_type}) cannot be decoded here: {exc}"
-                ) from exc
-
-
-@dataclass(frozen=True, slots=True, eq=False)
-class CellResult:
-    """What one cell run produced. A cell that raised is a result too (``success`` false)."""
-
-    success: bool
-    stdout: str
-    stderr: str
-    error: str | None
-    error_type: str | None
-    traceback: str | None
-    #: The manifest's per-variable metadata (content_type, file, preview, rows, …).
-    variables: Mapping[str, Mapping[str, object]]
-    outputs: Outputs
-    displays: tuple[Display, ...]
-    mutation_warnings: tuple[Mapping[str, object], ...]
-    #: The worker's own timing of the cell; None if the bundle does not say.
-    duration_seconds: float | None
-    #: From sending the request to holding the whole bundle, as this client saw it.
-    round_trip_seconds: float
-    manifest: Mapping[str, object] = field(repr=False)
-
-    def raise_for_error(self) -> CellResult:
-        """Raise :class:`CellError` if the cell raised; return the result otherwise."""
-        if not self.success:
-            raise CellError(self)
-        return self
-
-
-def _read_members(body: bytes) -> dict[str, bytes]:
-    members: dict[str, bytes] = {}
-    try:
-        with tarfile.open(fileobj=io.BytesIO(body), mode="r:*") as tar:
-            for info in tar:
-                extracted = tar.extractfile(info) if info.isfile() else None
-                if extracted is not None:
-                    members[info.name] = extracted.read()
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise ProtocolError(f"the answer is not a readable tar bundle: {exc}") from exc
-    return members
-
-
-def _json_member(members: Mapping[str, bytes], name: str) -> dict[str, object] | None:
-    if name not in members:
-        return None
-    try:
-        document = json.loads(members[name])
-    except ValueError as exc:
-        raise ProtocolError(f"{name} in the bundle is not JSON: {exc}") from exc
-    if not isinstance(document, dict):
-        raise ProtocolError(f"{name} in the bundle is not a JSON object")
-    return document
-
-
-def _parse_bundle(body: bytes, round_trip_seconds: float) -> CellResult:
-    """A :class:`CellResult` from the bytes of a bundle. Pure apart from the tar reading."""
-    members = _read_members(body)
-    manifest = _json_member(members, "manifest.json")
-    if manifest is None or not isinstance(manifest.get("success"), bool):
-        raise ProtocolError("the bundle has no manifest.json with a boolean 'success'")
-    variables = _mapping(manifest.get("variables"))
-    error_doc = _json_member(members, "error.json") or {}
-    duration_ms = manifest.get("duration_ms")
-    return CellResult(
-        success=bool(manifest["success"]),
-        stdout=_console(members, manifest.get("stdout_file"), "stdout.txt"),
-        stderr=_console(members, manifest.get("stderr_file"), "stderr.txt"),
-        error=_optional_str(manifest.get("error")),
-        error_type=_optional_str(error_doc.get("type")),
-        traceback=_optional_str(manifest.get("traceback")),
-        variables=variables,
-        outputs=Outputs(variables, members),
-        displays=_displays(manifest, members),
-        mutation_warnings=tuple(
-            w for w in _list(manifest.get("mutation_warnings")) if isinstance(w, dict)
-        ),
-        duration_seconds=duration_ms / 1000 if isinstance(duration_ms, int | float) else None,
-        round_trip_seconds=round_trip_seconds,
-        manifest=manifest,
-    )
-
-
-def _displays(manifest: Mapping[str, object], members: Mapping[str, bytes]) -> tuple[Display, ...]:
-    """Jupyter displays from ``display[]``; else the reference's ``displays`` (PNG, markdown)."""
-    formats: dict[int, dict[str, bytes | str]] = {}
-    output_types: dict[int, str] = {}
-    for entry in _list(manifest.get("display")):
-        if not isinstance(entry, dict):
-            continue
-        file, kind, index = entry.get("file"), entry.get("content_type"), entry.get("index")
-        if not (isinstance(file, str) and isinstance(kind, str) and isinstance(index, int)):
-            continue
-        if file in members:
-            output_types.setdefault(index, str(entry.get("output_type") or "display_data"))
-            formats.setdefault(index, {})[kind] = _as_format(kind, members[file])
-    if formats:
-        return tuple(Display(formats[i], output_types[i]) for i in sorted(formats))
-    found = (_reference(entry, members) for entry in _list(manifest.get("displays")))
-    return tuple(display for display in found if display is not None)
-
-
-def _reference(entry: object, members: Mapping[str, bytes]) -> Display | None:
-    """One display in the reference worker's convention (``files/__display__<i>.<ext>``)."""
-    if not isinstance(entry, dict) or not isinstance(kind := entry.get("content_type"), str):
-        return None
-    if kind == "text/markdown" and isinstance(text := entry.get("markdown_text"), str):
-        return Display({kind: text})
-    file = entry.get("file")
-    if not isinstance(file, str) or file not in members:
-        return None
-    return Display({kind: _as_format(kind, members[file])})
-
-
-def _console(members: Mapping[str, bytes], named: object, default: str) -> str:
-    member = named if isinstance(named, str) else default
-    return members.get(member, b"").decode("utf-8", "replace")
-
-
-def _mapping(value: object) -> dict[str, Mapping[str, object]]:
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, dict)}
-
-
-def _list(value: object) -> list[object]:
-    return value if isinstance(value, list) else []
-
-
-def _optional_str(value: object) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 # ---- the exchange, without I/O -------------------------------------------------------
@@ -464,7 +94,7 @@ class _Request:
 
 def _request(
     source: str,
-    parts: list[_Part],
+    parts: list[InputPart],
     *,
     timeout_seconds: float,
     env: Mapping[str, str] | None,
@@ -631,7 +261,11 @@ class _ClientBase:
         raise NotImplementedError
 
     def _request(
-        self, source: str, parts: list[_Part], timeout: float | None, env: Mapping[str, str] | None
+        self,
+        source: str,
+        parts: list[InputPart],
+        timeout: float | None,
+        env: Mapping[str, str] | None,
     ) -> _Request:
         return _request(
             source,
@@ -682,7 +316,7 @@ class Client(_ClientBase):
         everything else that goes wrong raises a :class:`ClientError`.
         """
         started = time.perf_counter()
-        request = self._request(source, _encode_inputs(inputs or {}), timeout_seconds, env)
+        request = self._request(source, encode_inputs(inputs or {}), timeout_seconds, env)
         try:
             body = self._exchange(request)
         except RequestFailed:  # the worker's final word: nothing runs
@@ -691,7 +325,7 @@ class Client(_ClientBase):
             with contextlib.suppress(httpx.HTTPError):
                 self._http.post(_cancel_path(request), timeout=_CANCEL_TIMEOUT_SECONDS)
             raise
-        return _parse_bundle(body, time.perf_counter() - started)
+        return parse_bundle(body, time.perf_counter() - started)
 
     def _exchange(self, request: _Request) -> bytes:
         with _translated("POST /v1/execute"):
@@ -746,7 +380,7 @@ class AsyncClient(_ClientBase):
     ) -> CellResult:
         """As :meth:`Client.run`."""
         started = time.perf_counter()
-        parts = await asyncio.to_thread(_encode_inputs, dict(inputs or {}))
+        parts = await asyncio.to_thread(encode_inputs, dict(inputs or {}))
         request = self._request(source, parts, timeout_seconds, env)
         try:
             body = await self._exchange(request)
@@ -756,7 +390,7 @@ class AsyncClient(_ClientBase):
             # Shielded, so a cancelled run still reaches the worker (bounded by its timeout).
             await asyncio.shield(self._cancel(request))
             raise
-        return await asyncio.to_thread(_parse_bundle, body, time.perf_counter() - started)
+        return await asyncio.to_thread(parse_bundle, body, time.perf_counter() - started)
 
     async def _exchange(self, request: _Request) -> bytes:
         with _translated("POST /v1/execute"):

@@ -31,7 +31,7 @@ from kernel_worker.client import (
     ProtocolError,
     RequestFailed,
     WorkerUnreachable,
-    _parse_bundle,
+    parse_bundle,
 )
 
 from .conftest import ROOT, WorkerProcess, free_port, start_worker
@@ -279,7 +279,7 @@ def test_a_reference_worker_bundle_without_jupyter_displays() -> None:
             "manifest.json": json.dumps(manifest).encode(),
         }
     )
-    result = _parse_bundle(body, 0.1)
+    result = parse_bundle(body, 0.1)
     assert result.success and result.stdout == "out\n" and result.outputs["x"] == [1, 2]
     assert [(d.content_type, d.data) for d in result.displays] == [
         ("image/png", b"\x89PNG fake"),
@@ -298,7 +298,7 @@ def test_a_reference_worker_bundle_without_jupyter_displays() -> None:
 )
 def test_bundles_that_are_not_bundles(body: bytes, message: str) -> None:
     with pytest.raises(ProtocolError, match=message):
-        _parse_bundle(body, 0.1)
+        parse_bundle(body, 0.1)
 
 
 def test_encoded_input_defaults_its_file_name(client: Client) -> None:
