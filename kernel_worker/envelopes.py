@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kernel_worker.errors import BadRequest
-from kernel_worker.mounts import MountSpec, parse_mounts
+from kernel_worker.mount_specs import MountSpec, parse_mounts
 
 __all__ = [
     "DEFAULT_TIMEOUT_SECONDS",

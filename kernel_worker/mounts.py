@@ -2,7 +2,7 @@
 
 One request, as the caller wires it::
 
-    specs = parse_mounts(raw)                        # 400s for bad specs, before admission
+    specs = parse_mounts(raw)                        # mount_specs: 400s before admission
     mounted = await materialize(specs, run_root, cache)
     ...the cell runs, each mount name bound to Path(mounted.paths[name])...
     writes = await sync_back(specs, mounted)         # after a successful cell only
@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib.util
 import logging
 import os
 import re
@@ -49,20 +48,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from hashlib import sha256
 from pathlib import Path
-from types import MappingProxyType
-from typing import BinaryIO, Literal, Protocol, TypeVar
-from urllib.parse import urlparse
+from typing import BinaryIO, Protocol, TypeVar
 
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
 from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key
+from kernel_worker.mount_specs import Location, MountSpec, echo, locate, missing_backend
 
 __all__ = [
     "MaterializedMounts",
-    "MountCache",
-    "MountSpec",
-    "cached_bytes",
     "materialize",
-    "parse_mounts",
     "sync_back",
 ]
 
@@ -76,18 +70,6 @@ _BATCH = 16
 _CHUNK = 1 << 20
 _MAX_ECHO = 200
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class MountSpec:
-    """One mount as the request declared it (the reference's ``MountSpec``)."""
-
-    name: str
-    uri: str
-    mode: Literal["ro", "rw"]
-    pin: str | None
-    options: Mapping[str, object]
-    credential: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,20 +90,6 @@ class MaterializedMounts:
     staged: Mapping[str, _Staged] = field(default_factory=dict, repr=False)  # rw only
 
 
-@dataclass(frozen=True, slots=True)
-class _Location:
-    scheme: str  # s3, gs, az
-    path: str  # bucket/prefix, no trailing slash
-
-    @property
-    def protocol(self) -> str:
-        return _PROTOCOLS[self.scheme]
-
-    @property
-    def uri(self) -> str:
-        return _echo(f"{self.scheme}://{self.path}")
-
-
 class _FileSystem(Protocol):
     """The slice of ``fsspec.AbstractFileSystem`` used here."""
 
@@ -130,98 +98,6 @@ class _FileSystem(Protocol):
     ) -> Mapping[str, Mapping[str, object]]: ...
     def get(self, rpath: list[str], lpath: list[str]) -> None: ...
     def open(self, path: str, mode: str) -> BinaryIO: ...
-
-
-# --- parsing ---------------------------------------------------------------------------
-
-
-def parse_mounts(raw: Sequence[Mapping[str, object]]) -> tuple[MountSpec, ...]:
-    """Validate a request's ``mounts`` list: shapes, then schemes, names, backends.
-
-    Raises:
-        BadRequest: Naming the mount and what is wrong with it.
-    """
-    if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
-        raise BadRequest("mounts must be a list")
-    specs = tuple(_spec(index, item) for index, item in enumerate(raw))
-    locations = [_locate(spec) for spec in specs]
-    seen: set[str] = set()
-    for spec in specs:
-        if spec.name in seen:
-            raise BadRequest(f"Mount name '{spec.name}' is used more than once")
-        seen.add(spec.name)
-    for spec, location in zip(specs, locations, strict=True):
-        _require_backend(spec, location)
-    return specs
-
-
-def _spec(index: int, item: object) -> MountSpec:
-    """One MountSpec's shape (the reference's pydantic model; extra keys ignored)."""
-    if not isinstance(item, Mapping):
-        raise BadRequest(f"mount {index} must be an object")
-    name = item.get("name")
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise BadRequest(f"mount {index} needs a name that is an identifier")
-    uri = item.get("uri")
-    if not isinstance(uri, str) or not uri:
-        raise BadRequest(f"Mount '{name}' needs a uri")
-    mode = item.get("mode", "ro")
-    if mode != "ro" and mode != "rw":
-        raise BadRequest(f"Mount '{name}' mode must be 'ro' or 'rw'")
-    options = item.get("options")
-    options = {} if options is None else options
-    if not isinstance(options, Mapping) or not all(isinstance(k, str) for k in options):
-        raise BadRequest(f"Mount '{name}' options must be an object")
-    pin, credential = item.get("pin"), item.get("credential")
-    for key, value in (("pin", pin), ("credential", credential)):
-        if value is not None and not isinstance(value, str):
-            raise BadRequest(f"Mount '{name}' {key} must be a string or null")
-    return MountSpec(
-        name=name,
-        uri=uri,
-        mode=mode,
-        pin=pin if isinstance(pin, str) else None,
-        options=MappingProxyType(dict(options)),
-        credential=credential if isinstance(credential, str) else None,
-    )
-
-
-def _locate(spec: MountSpec) -> _Location:
-    """Where a mount points; refuses local, unknown-scheme and bucketless URIs."""
-    try:
-        parsed = urlparse(spec.uri)
-    except ValueError:
-        raise BadRequest(f"Mount '{spec.name}' has a malformed uri") from None
-    scheme = _SCHEMES.get(parsed.scheme.lower(), parsed.scheme.lower())
-    if scheme in ("", "file"):
-        raise BadRequest(f"Remote execution does not support file:// mount '{spec.name}'")
-    if scheme not in _PROTOCOLS:
-        raise BadRequest(
-            f"Unsupported mount URI scheme '{_echo(scheme)}' for mount '{spec.name}' "
-            "(supported: s3, gs, gcs, az, azure)"
-        )
-    if not parsed.netloc:
-        raise BadRequest(f"Mount '{spec.name}' uri names no bucket")
-    return _Location(scheme, (parsed.netloc + parsed.path).rstrip("/"))
-
-
-def _require_backend(spec: MountSpec, location: _Location) -> None:
-    missing = [pkg for pkg in ("fsspec", _BACKENDS[location.scheme]) if not _installed(pkg)]
-    if missing:
-        raise _needs(spec, location, missing)
-
-
-def _needs(spec: MountSpec, location: _Location, packages: list[str]) -> BadRequest:
-    names = " ".join(packages)
-    return BadRequest(
-        f"Mount '{spec.name}' ({location.scheme}://) needs the {names} package(s) on "
-        f"this worker (pip install {names})"
-    )
-
-
-@functools.cache
-def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
 
 
 # --- materialize -----------------------------------------------------------------------
@@ -251,7 +127,7 @@ def _materialize(
 ) -> MaterializedMounts:
     prepared = []
     for spec in specs:
-        location = _locate(spec)
+        location = locate(spec)
         options = cache.storage_options(location.scheme, spec.credential, spec.options)
         prepared.append((spec, location, options, _filesystem(spec, location, options)))
     paths: dict[str, str] = {}
@@ -271,7 +147,7 @@ def _materialize(
     return MaterializedMounts(paths=paths, mount_bytes=moved, staged=staged)
 
 
-def _filesystem(spec: MountSpec, location: _Location, options: Mapping[str, object]) -> _FileSystem:
+def _filesystem(spec: MountSpec, location: Location, options: Mapping[str, object]) -> _FileSystem:
     """A fresh fsspec filesystem (no instance cache: no stale listings, no kept secrets)."""
     try:
         import fsspec  # type: ignore[import-untyped]
@@ -280,7 +156,7 @@ def _filesystem(spec: MountSpec, location: _Location, options: Mapping[str, obje
             location.protocol, **{**options, "skip_instance_cache": True}
         )
     except ImportError:  # find_spec saw it, but it does not import
-        raise _needs(spec, location, ["fsspec", _BACKENDS[location.scheme]]) from None
+        raise missing_backend(spec, location, ["fsspec", _BACKENDS[location.scheme]]) from None
     except Exception as exc:  # the backend refused the options
         raise BadRequest(
             f"Mount '{spec.name}': the storage options were refused ({type(exc).__name__})"
@@ -295,7 +171,7 @@ class _Entry:
     info: Mapping[str, object]
 
 
-def _list(spec: MountSpec, location: _Location, fs: _FileSystem) -> list[_Entry]:
+def _list(spec: MountSpec, location: Location, fs: _FileSystem) -> list[_Entry]:
     """Every object under the mount, each with a validated relative path."""
     try:
         found = fs.find(f"{location.protocol}://{location.path}", withdirs=False, detail=True)
@@ -313,12 +189,12 @@ def _list(spec: MountSpec, location: _Location, fs: _FileSystem) -> list[_Entry]
         if any("/".join(parts[:i]) in rels for i in range(1, len(parts))):
             raise UpstreamFailed(
                 f"Mount '{spec.name}' rejected: the store holds both a file and a folder "
-                f"at {_echo(entry.rel)!r}"
+                f"at {echo(entry.rel)!r}"
             )
     return entries
 
 
-def _relative(spec: MountSpec, location: _Location, name: str) -> str:
+def _relative(spec: MountSpec, location: Location, name: str) -> str:
     """*name*'s path under the mount, refusing any that would leave it."""
     if name == location.path:  # the mount names one object
         rel = name.rsplit("/", 1)[-1]
@@ -328,7 +204,7 @@ def _relative(spec: MountSpec, location: _Location, name: str) -> str:
         rel = ""
     if not rel or "\0" in rel or any(part in ("", ".", "..") for part in rel.split("/")):
         raise UpstreamFailed(
-            f"Mount '{spec.name}' rejected: the store listed {_echo(name)!r}, which is "
+            f"Mount '{spec.name}' rejected: the store listed {echo(name)!r}, which is "
             "outside the mount root or not a safe relative path (path traversal)"
         )
     return rel
@@ -336,7 +212,7 @@ def _relative(spec: MountSpec, location: _Location, name: str) -> str:
 
 def _build_view(
     spec: MountSpec,
-    location: _Location,
+    location: Location,
     fs: _FileSystem,
     cache: MountCache,
     options: Mapping[str, object],
@@ -361,7 +237,7 @@ def _build_view(
 
 def _stage(
     spec: MountSpec,
-    location: _Location,
+    location: Location,
     fs: _FileSystem,
     options: Mapping[str, object],
     run_root: Path,
@@ -389,7 +265,7 @@ def _stage(
 
 
 def _fetcher(
-    spec: MountSpec, location: _Location, fs: _FileSystem
+    spec: MountSpec, location: Location, fs: _FileSystem
 ) -> Callable[[list[str], list[str]], None]:
     def fetch(remote: list[str], local: list[str]) -> None:
         try:
@@ -441,7 +317,7 @@ def _sync_all(
 ) -> list[dict[str, object]]:
     writes: list[dict[str, object]] = []
     for spec, staged in chosen:
-        location = _locate(spec)
+        location = locate(spec)
         fs = _filesystem(spec, location, staged.options)
         files = []
         for rel, state in sorted(_file_states(staged.directory).items()):
@@ -459,7 +335,7 @@ def _sync_all(
 
 
 def _upload(
-    spec: MountSpec, location: _Location, fs: _FileSystem, root: Path, rel: str
+    spec: MountSpec, location: Location, fs: _FileSystem, root: Path, rel: str
 ) -> dict[str, object] | None:
     try:
         source = _open_below(root, rel)
@@ -509,70 +385,6 @@ def _open_below(root: Path, rel: str) -> BinaryIO:
     return os.fdopen(leaf_fd, "rb")
 
 
-# --- the cache probe -------------------------------------------------------------------
-
-
-async def cached_bytes(body: Mapping[str, object], cache: MountCache) -> list[int | None]:
-    """``POST /v1/mount-cache/cached``: bytes of each listing this machine already holds.
-
-    *body* is ``{"mounts": [{"spec": MountSpec | mapping, "entries": [{"key", "name",
-    "etag", "mtime", "size"?}]}]}``. ``None`` where the share is unknowable: a rw or
-    non-remote mount, or a credential this worker cannot resolve.
-
-    Raises:
-        BadRequest: *body* is not of that shape.
-    """
-    probes = _probes(body)
-    return await asyncio.to_thread(lambda: [_cached(spec, e, cache) for spec, e in probes])
-
-
-_ProbeEntry = tuple[str, int | None, str, str]  # key, size, etag, mtime
-
-
-def _probes(body: Mapping[str, object]) -> list[tuple[MountSpec, list[_ProbeEntry]]]:
-    mounts = body.get("mounts")
-    if not isinstance(mounts, list):
-        raise BadRequest("mounts must be a list")
-    probes = []
-    for index, item in enumerate(mounts):
-        if not isinstance(item, Mapping) or not isinstance(item.get("entries"), list):
-            raise BadRequest(f"mounts[{index}] must be an object with a spec and entries")
-        spec = item.get("spec")
-        spec = spec if isinstance(spec, MountSpec) else _spec(index, spec)
-        entries: list[object] = item["entries"]
-        probes.append((spec, [_probe_entry(index, entry) for entry in entries]))
-    return probes
-
-
-def _probe_entry(index: int, entry: object) -> _ProbeEntry:
-    if not isinstance(entry, Mapping) or not isinstance(entry.get("key"), str):
-        raise BadRequest(f"mounts[{index}] entries must be objects with a string key")
-    size = entry.get("size")
-    if size is not None and (not isinstance(size, int) or isinstance(size, bool)):
-        raise BadRequest(f"mounts[{index}] entry sizes must be integers")
-    return str(entry["key"]), size, str(entry.get("etag", "")), str(entry.get("mtime", ""))
-
-
-def _cached(spec: MountSpec, entries: list[_ProbeEntry], cache: MountCache) -> int | None:
-    if spec.mode != "ro":
-        return None
-    try:
-        location = _locate(spec)
-        options = cache.storage_options(location.scheme, spec.credential, spec.options)
-    except WorkerError:
-        return None
-    scope = cache.scope(options)
-    return cache.cached_size(
-        (
-            object_key(
-                location.protocol, scope, key, "" if size is None else str(size), etag, mtime
-            ),
-            size or 0,
-        )
-        for key, size, etag, mtime in entries
-    )
-
-
 # --- plumbing --------------------------------------------------------------------------
 
 
@@ -590,7 +402,7 @@ async def _off_loop(work: Callable[[threading.Event], _T]) -> _T:
         raise
 
 
-def _upstream(spec: MountSpec, location: _Location, doing: str, exc: Exception) -> UpstreamFailed:
+def _upstream(spec: MountSpec, location: Location, doing: str, exc: Exception) -> UpstreamFailed:
     """The store failed: a detail naming the mount and the kind of failure, no secrets."""
     if isinstance(exc, UpstreamFailed):
         return exc
@@ -611,7 +423,3 @@ def _local(spec: MountSpec, doing: str, exc: OSError) -> WorkerError:
     return WorkerError(
         f"Mount '{spec.name}': could not {doing} on this worker ({type(exc).__name__})"
     )
-
-
-def _echo(text: str) -> str:
-    return text if len(text) <= _MAX_ECHO else f"{text[:_MAX_ECHO]}…"

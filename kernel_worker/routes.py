@@ -22,7 +22,7 @@ from .errors import BadRequest, NotFound, error_response, status_for, storage_ch
 from .execution import SMALL_IO_BYTES, RunDir, offload
 from .heartbeat import HeartbeatResponse, ended_within
 from .jobs import Job
-from .mounts import cached_bytes
+from .mount_probe import cached_bytes
 from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart

@@ -19,16 +19,10 @@ import pytest
 
 from kernel_worker import mounts
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
-from kernel_worker.mount_cache import Stopped
-from kernel_worker.mounts import (
-    MaterializedMounts,
-    MountCache,
-    MountSpec,
-    cached_bytes,
-    materialize,
-    parse_mounts,
-    sync_back,
-)
+from kernel_worker.mount_cache import MountCache, Stopped
+from kernel_worker.mount_probe import cached_bytes
+from kernel_worker.mount_specs import MountSpec, parse_mounts
+from kernel_worker.mounts import MaterializedMounts, materialize, sync_back
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, _free_port
 
 OBJECTS = {
