@@ -29,6 +29,7 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
 import stat
 import zlib
@@ -403,9 +404,26 @@ def _open_no_follow(root: Path, parts: list[str]) -> int | None:
 
 
 def _json(document: object) -> bytes:
-    # one line: without ``indent`` the C encoder runs (the pure-Python one cost more than
-    # tarring a small bundle)
-    return json.dumps(document, sort_keys=True).encode("utf-8")
+    """Strict JSON on one line: a non-finite float (a NaN or infinite preview) is written
+    as ``null``, as the reference's harness writes it; ``NaN`` is not JSON, and a browser's
+    parser refuses the whole manifest over one."""
+    # without ``indent`` the C encoder runs (the pure-Python one cost more than tarring a
+    # small bundle); the second pass is only for documents that hold a non-finite float
+    try:
+        text = json.dumps(document, sort_keys=True, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(document), sort_keys=True, allow_nan=False)
+    return text.encode("utf-8")
+
+
+def _finite(value: object) -> object:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(item) for item in value]
+    return value
 
 
 def _as_list(value: object) -> list[dict[str, object]]:

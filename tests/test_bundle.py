@@ -400,3 +400,21 @@ def test_a_stored_bundles_length_is_known_before_it_is_written(run_dir: Path) ->
         written = io.BytesIO()
         write_bundle(run_dir, case, written, compresslevel=0)
         assert stored_bundle_length(run_dir, case) == len(written.getvalue())
+
+
+def _strict(raw: bytes) -> Any:
+    def refuse(constant: str) -> Any:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_non_finite_previews_are_written_as_null(run_dir: Path) -> None:
+    """The reference's harness writes NaN and infinite previews as null: NaN is not JSON."""
+    nan = float("nan")
+    odd = {**X_META, "preview": {"a": nan, "b": [1.0, float("inf"), -float("inf")], "c": (nan,)}}
+    _, tar = bundle(run_dir, outcome(variables={"x": odd, "_": odd}, displays=[odd]))
+    manifest = _strict(read(tar, "manifest.json"))
+    assert manifest["variables"]["x"]["preview"] == {"a": None, "b": [1.0, None, None], "c": [None]}
+    assert manifest["displays"][0]["preview"]["a"] is None
+    assert read(tar, "files/x.json") == b"2"  # the file itself is the cell's, untouched

@@ -272,6 +272,36 @@ class _Exit:
         raise SystemExit() if code is None else SystemExit(code)
 
 
+# -- stdin ---------------------------------------------------------------------------------------
+
+
+def _input_at_eof(prompt=""):
+    """``input()`` as in a process whose stdin is empty (the reference's cell process): the
+    prompt is written, then ``EOFError``; ipykernel would raise StdinNotImplementedError,
+    which code written for scripts (``except EOFError``) does not expect."""
+    sys.stdout.write(str(prompt))
+    raise EOFError("EOF when reading a line")
+
+
+def _getpass_at_eof(prompt="Password: ", stream=None):
+    """``getpass.getpass()`` without a terminal and with an empty stdin: warns, writes the
+    prompt to ``stream`` (stderr by default), then ``EOFError``."""
+    import getpass
+    import warnings
+
+    warnings.warn("Can not control echo on the terminal.", getpass.GetPassWarning, stacklevel=2)
+    stream = stream if stream is not None else sys.stderr
+    stream.write("Warning: Password input may be echoed.\n" + str(prompt))
+    raise EOFError
+
+
+def _stdin_at_eof(shell):
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:  # ipykernel installs these as input/getpass around each cell
+        kernel.raw_input = _input_at_eof
+        kernel.getpass = _getpass_at_eof
+
+
 def install(shell):
     """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
     _state["shell"] = shell
@@ -284,6 +314,7 @@ def install(shell):
     shell.colors = "nocolor"
     shell.user_ns["display"] = display
     shell.user_ns["exit"] = shell.user_ns["quit"] = _Exit()
+    _stdin_at_eof(shell)
     from IPython.display import Markdown
 
     shell.user_ns["Markdown"] = Markdown

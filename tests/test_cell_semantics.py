@@ -1,0 +1,70 @@
+"""Cells see what they would see in the reference's cell process, over real HTTP: an empty
+stdin, and a manifest that is strict JSON even when a value is NaN."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import WorkerProcess
+from .wire import execute, read_bundle, run_ok
+
+
+@pytest.fixture(scope="module")
+def client(worker: WorkerProcess) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        yield c
+
+
+def _strict(raw: bytes) -> Any:
+    def refuse(constant: str) -> Any:
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(raw, parse_constant=refuse)
+
+
+def test_input_meets_an_empty_stdin(client: httpx.Client) -> None:
+    bundle = read_bundle(execute(client, "name = input('name? ')"))
+    assert not bundle.manifest["success"]
+    assert bundle.manifest["traceback"].strip().splitlines()[-1] == "EOFError: EOF when reading a line"
+    assert bundle.stdout() == "name? "  # the prompt is written, as with a real empty stdin
+
+
+def test_scripts_that_catch_eof_keep_working(client: httpx.Client) -> None:
+    source = "try:\n    answer = input()\nexcept EOFError:\n    answer = 'default'"
+    bundle = run_ok(client, source)
+    assert bundle.variables["answer"]["preview"] == "default"
+
+
+def test_getpass_meets_an_empty_stdin(client: httpx.Client) -> None:
+    bundle = read_bundle(execute(client, "import getpass\nsecret = getpass.getpass('Token: ')"))
+    assert not bundle.manifest["success"]
+    assert bundle.manifest["traceback"].strip().splitlines()[-1] == "EOFError"
+    assert "GetPassWarning" in bundle.stderr() and bundle.stderr().endswith("Token: ")
+    # the next cell on that kernel is unaffected, and input() is still the EOF one
+    source = "try:\n    input()\nexcept EOFError as e:\n    kind = type(e).__name__"
+    assert run_ok(client, source).variables["kind"]["preview"] == "EOFError"
+
+
+def test_non_finite_values_make_null_previews_and_keep_their_files(client: httpx.Client) -> None:
+    source = (
+        "import math\n"
+        "x = math.nan\n"
+        "values = [1.0, math.inf, -math.inf]\n"
+        "import pandas as pd\n"
+        "df = pd.DataFrame({'a': [1.0, math.nan, math.inf]})\n"
+        "del math, pd"
+    )
+    bundle = run_ok(client, source)
+    manifest = _strict(bundle.members["manifest.json"])
+    variables = manifest["variables"]
+    assert variables["x"]["preview"] is None
+    assert variables["values"]["preview"] == [1.0, None, None]
+    assert variables["df"]["preview"][1][0] in (None, "")  # NaN in a table: an empty cell
+    assert variables["df"]["preview"][2][0] is None
+    assert bundle.file("x") == b"NaN"  # the value itself survives in its file
+    assert json.loads(bundle.file("values")) == [1.0, float("inf"), -float("inf")]
