@@ -1,5 +1,6 @@
 """Cells see what they would see in the reference's cell process, over real HTTP: an empty
-stdin, and a manifest that is strict JSON even when a value is NaN."""
+stdin, ``Figure.show()`` as a display, and a manifest that is strict JSON even when a value
+is NaN."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import WorkerProcess
+from .conftest import WorkerProcess, start_worker
 from .wire import execute, read_bundle, run_ok
 
 
@@ -68,3 +69,38 @@ def test_non_finite_values_make_null_previews_and_keep_their_files(client: httpx
     assert variables["df"]["preview"][2][0] is None
     assert bundle.file("x") == b"NaN"  # the value itself survives in its file
     assert json.loads(bundle.file("values")) == [1.0, float("inf"), -float("inf")]
+
+
+_FIGURE_SHOW = (
+    "import matplotlib.pyplot as plt\n"
+    "fig, ax = plt.subplots()\n"
+    "ax.plot([1, 2, 3])\n"
+    "fig.show()\n"
+    "never_shown = plt.figure()\n"
+    "del plt, ax\n"
+)
+
+
+def _assert_one_png_display(bundle_manifest: dict[str, Any]) -> None:
+    displays = bundle_manifest["displays"]
+    assert [d["content_type"] for d in displays] == ["image/png"]  # not the unshown figure
+    assert displays[0]["width"] == 640 and displays[0]["height"] == 480  # figsize x dpi
+    assert bundle_manifest["variables"]["_"]["content_type"] == "image/png"
+
+
+def test_figure_show_is_a_display(client: httpx.Client) -> None:
+    _assert_one_png_display(run_ok(client, _FIGURE_SHOW).manifest)
+
+
+def test_figure_show_in_the_cell_that_first_imports_matplotlib(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A fresh kernel per cell: matplotlib is imported by the cell itself, after the agent."""
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--recycle", "fresh")
+    try:
+        with httpx.Client(base_url=w.url, timeout=120) as c:
+            first = run_ok(c, "import sys\nloaded = 'matplotlib.figure' in sys.modules\ndel sys")
+            assert first.variables["loaded"]["preview"] is False
+            _assert_one_png_display(run_ok(c, _FIGURE_SHOW).manifest)
+    finally:
+        w.stop()

@@ -35,7 +35,7 @@ class _Run:
         self.collected = False
 
 
-_state = {"run": None, "shell": None, "display": None}
+_state = {"run": None, "shell": None, "display": None, "figure_show": None}
 
 
 def _current():
@@ -63,6 +63,67 @@ def _patch_display():
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:
         inline.display = display
+
+
+def _show_figure(figure, warn=True):
+    """``Figure.show()`` during a cell: the figure is displayed (recorded, as in the
+    reference, and sent as IPython's display); a headless backend would show nothing."""
+    run = _current()
+    if run is not None and run.recording:
+        display(figure)
+        return None
+    return _state["figure_show"](figure, warn=warn)
+
+
+def _patch_figure(module):
+    figure = getattr(module, "Figure", None)
+    show = getattr(figure, "show", None)
+    if show is None or show is _show_figure:
+        return
+    _state["figure_show"] = show
+    figure.show = _show_figure
+
+
+class _PatchOnImport:
+    """A ``sys.meta_path`` finder that finds nothing itself: when ``matplotlib.figure`` is
+    first imported (by a cell, usually), it patches ``Figure.show`` right after the module
+    has run, so the very cell that imports matplotlib is covered."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "matplotlib.figure":
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None and spec.loader is not None:
+                spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+class _PatchingLoader:
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch_figure(module)
+
+    def __getattr__(self, name):  # get_source, get_code, …: the real loader's
+        return getattr(self._loader, name)
+
+
+def _patch_figure_show():
+    module = sys.modules.get("matplotlib.figure")
+    if module is not None:
+        _patch_figure(module)
+    else:
+        sys.meta_path.insert(0, _PatchOnImport())
 
 
 def _stop_recording():
@@ -306,6 +367,7 @@ def install(shell):
     """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
     _state["shell"] = shell
     _patch_display()
+    _patch_figure_show()
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_execute", _stop_recording)
     shell.events.register("post_run_cell", _post_run_cell)
