@@ -24,6 +24,11 @@ instead. View directories stay writable: the view belongs to one run, new names 
 touch nothing shared, and the run directory stays removable by a plain ``rmtree``.
 ``mount_bytes[name]`` is what this run downloaded (0 when every object was cached).
 
+A read-only mount with a ``pin`` is listed once per worker: a later run with the same
+pin, URI and options reuses that listing (as the reference reuses a pinned view), so it
+sees the pinned contents even if the store has changed since. Its objects still come from
+the cache, and are downloaded again only if a sweep evicted them.
+
 **Read-write** mounts: current contents are copied into
 ``run_root/mount_cache/<name>_<12 hex>/staging``. :func:`sync_back` uploads each new or
 changed regular file (size and mtime against what was staged) under the mount's URI,
@@ -51,7 +56,7 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
-from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key
+from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key, pin_key
 from kernel_worker.mount_specs import Location, MountSpec, echo, locate, missing_backend
 
 __all__ = [
@@ -220,19 +225,30 @@ def _build_view(
     stop: threading.Event,
 ) -> int:
     scope = cache.scope(options)
-    placements = [
-        Placement(
-            rel=entry.rel,
-            remote=entry.name,
-            key=object_key(location.protocol, scope, entry.name, *_version(entry.info)),
-            size=_size(entry.info),
+    # a pinned mount is listed once: the same pin later reuses that listing, as the
+    # reference reuses a pinned view, even if the store has changed since
+    pinned = None
+    placements = None
+    if spec.pin is not None:
+        pinned = pin_key(location.protocol, scope, location.path, spec.pin)
+        placements = cache.pinned(pinned)
+    if placements is None:
+        placements = tuple(
+            Placement(
+                rel=entry.rel,
+                remote=entry.name,
+                key=object_key(location.protocol, scope, entry.name, *_version(entry.info)),
+                size=_size(entry.info),
+            )
+            for entry in _list(spec, location, fs)
         )
-        for entry in _list(spec, location, fs)
-    ]
     try:
-        return cache.place(placements, view, _fetcher(spec, location, fs), stop)
+        moved = cache.place(placements, view, _fetcher(spec, location, fs), stop)
     except OSError as exc:
         raise _local(spec, "build the read-only view", exc) from exc
+    if pinned is not None:
+        cache.remember_pinned(pinned, placements)
+    return moved
 
 
 def _stage(

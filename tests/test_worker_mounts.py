@@ -9,7 +9,7 @@ import pytest
 
 from .conftest import WorkerProcess, start_worker
 from .s3_server import S3Server
-from .wire import execute, read_bundle, run_ok
+from .wire import Bundle, execute, read_bundle, run_ok
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,32 @@ def test_read_only_mount_is_a_path_and_cached_across_runs(
         assert second.manifest["mount_bytes"] == {"data": 0}  # served from the cache
         probe = c.post("/v1/mount-cache/cached", json={"mounts": [{"spec": mounts[0], "entries": []}]})
         assert probe.status_code == 200 and len(probe.json()["cached_bytes"]) == 1
+
+
+def test_pinned_mount_keeps_the_contents_it_was_first_listed_with(
+    mounted: tuple[WorkerProcess, S3Server],
+) -> None:
+    worker, s3 = mounted
+    bucket = s3.make_bucket({"snap/a.txt": b"one"})
+    source = "names = sorted(p.name for p in data.iterdir())\ntext = (data / 'a.txt').read_text()"
+    unpinned = _mount(s3, f"s3://{bucket}/snap")
+    pinned = {**unpinned, "pin": "v1"}
+
+    def seen(bundle: Bundle) -> tuple[list[str], str]:
+        return bundle.variables["names"]["preview"], bundle.variables["text"]["preview"]
+
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        assert seen(run_ok(c, source, mounts=[pinned])) == (["a.txt"], "one")
+        s3.client().put_object(Bucket=bucket, Key="snap/a.txt", Body=b"two")
+        s3.client().put_object(Bucket=bucket, Key="snap/b.txt", Body=b"bee")
+        again = run_ok(c, source, mounts=[pinned])
+        assert seen(again) == (["a.txt"], "one")  # the pinned snapshot, not re-listed
+        assert again.manifest["mount_bytes"] == {"data": 0}
+        assert seen(run_ok(c, source, mounts=[unpinned])) == (["a.txt", "b.txt"], "two")
+        assert seen(run_ok(c, source, mounts=[{**pinned, "pin": "v2"}])) == (
+            ["a.txt", "b.txt"],
+            "two",
+        )
 
 
 def test_read_write_mount_syncs_back_only_on_success(
