@@ -25,7 +25,7 @@ set -euo pipefail
 
 SPEC="${STRATA_NOTEBOOK_SPEC:-strata-notebook[notebook]==0.11.*}"
 # uv: the interop test that drives the real `strata` CLI makes uv-created environments.
-PACKAGES=("$SPEC" "uv")
+PACKAGES=("$SPEC" "uv" "polars")
 STAMP_NAME=".strata-interop-stamp"
 
 say() { printf 'interop-env: %s\n' "$*" >&2; }
@@ -90,6 +90,7 @@ import sys
 from packaging.requirements import Requirement
 
 import pandas  # noqa: F401
+import polars  # noqa: F401
 import pyarrow  # noqa: F401
 import strata.notebook.executor  # noqa: F401
 import strata.notebook.remote_bundle  # noqa: F401
@@ -113,7 +114,7 @@ The interop tests need it: they are not skipped."
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${PACKAGES[@]}" >&2 \
         || die "pip could not install ${PACKAGES[*]} into $VENV"
     printf '%s' "$STAMP" >"$VENV/$STAMP_NAME"
-    works || die "$VENV was built but does not work (import strata.notebook / pandas / uv)"
+    works || die "$VENV was built but does not work (import strata.notebook / pandas / polars / uv)"
 fi
 
 say "$("$VENV/bin/python" -c 'import importlib.metadata as m, sys;

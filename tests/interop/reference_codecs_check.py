@@ -44,6 +44,7 @@ from typing import Any
 import duckdb
 import numpy as np
 import pandas as pd
+import polars as pl
 import pyarrow as pa
 from matplotlib.figure import Figure
 from PIL import Image
@@ -152,6 +153,8 @@ def _tables() -> list[tuple[str, object]]:
         ("relation", duckdb.sql("select 1 as x, 'q' as y")),
         ("chunked", pa.chunked_array([[1, 2], [3]])),
         ("nested", pa.table({"l": [[1, 2], None], "m": [{"k": 1}, {"k": None}]})),
+        ("pl_frame", pl.DataFrame({"a": [1, 2, None], "s": ["x", None, "z"]})),
+        ("pl_series", pl.Series("n", [1.5, None])),
     ]
 
 
@@ -240,6 +243,8 @@ def same_value(a: Any, b: Any) -> bool:
             and a.flags.writeable == b.flags.writeable
             and a.tobytes() == b.tobytes()
         )
+    if isinstance(a, pl.DataFrame | pl.Series):
+        return bool(a.equals(b)) and getattr(a, "name", None) == getattr(b, "name", None)
     if isinstance(a, pa.Table | pa.RecordBatch):
         return bool(a.equals(b, check_metadata=True))
     if isinstance(a, dict):
