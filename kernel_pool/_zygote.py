@@ -8,9 +8,11 @@ memory, so a kernel is ready in a fraction of the time and with a fraction of th
 
 Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
 
-- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent"}``. ``agent``
-  is the source of the pool's in-kernel helper: compiled and run here once, the kernel finds
-  the module ``_kernel_pool_agent`` already loaded;
+- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare"}``.
+  ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
+  kernel finds the module ``_kernel_pool_agent`` already loaded. ``prepare`` (may be empty)
+  is the pool user's ``fork_setup_code``, run here once too: what it loads (modules in
+  ``sys.modules``) every kernel forked afterwards has;
 - reply: ``{"id", "pid": N}`` or ``{"id", "error": "..."}``, in the order of the requests.
 
 A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
@@ -56,6 +58,7 @@ _PRELOAD = (
     "zmq.utils.garbage",
 )
 _agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
+_prepared: set[str] = set()  # fork_setup_code already run here
 
 
 def _warm_up() -> None:
@@ -86,6 +89,13 @@ def _agent(source: str) -> types.ModuleType:
         _agents[source] = module
         gc.freeze()
     return module
+
+
+def _prepare(source: str) -> None:
+    if source and source not in _prepared:
+        exec(compile(source, "<fork server setup>", "exec"), {"__name__": "__fork_setup__"})
+        _prepared.add(source)
+        gc.freeze()
 
 
 def _set_command_line(args: list[str]) -> None:
@@ -197,6 +207,7 @@ def _serve(sock: socket.socket) -> None:
             request = json.loads(data)
             request_id = request.get("id")
             agent = _agent(request["agent"])
+            _prepare(request.get("prepare") or "")
             sys.stdout.flush()
             sys.stderr.flush()
             pid = _fork_kernel(request, agent)

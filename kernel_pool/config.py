@@ -27,6 +27,11 @@ class PoolConfig:
     """Jupyter kernelspec name; ``None`` means ipykernel of the current interpreter."""
     setup_code: str | None = None
     """Code the pool's user runs in every kernel before the preload (e.g. an agent)."""
+    fork_setup_code: str | None = None
+    """Code run once in the fork server, before it forks kernels, so that forked kernels
+    start with what it loads (modules that ``setup_code`` would otherwise compile in every
+    kernel). It must be safe to fork after: no threads, event loops or open sockets.
+    Spawned kernels never see it; ``setup_code`` must work without it."""
     preload: str | None = None
     """User code run in every kernel at start; its names become part of the baseline."""
     recycle: RecyclePolicy = RecyclePolicy.RESET

@@ -192,14 +192,16 @@ class ForkServer:
         cwd: str,
         identity: tuple[int, int] | None,
         agent: str,
+        prepare: str | None,
         deadline: float,
     ) -> ForkedKernelProcess:
         """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
 
         ``agent``: source of the module ``_kernel_pool_agent``, loaded in the kernel.
+        ``prepare``: code the fork server runs once before forking (``fork_setup_code``).
         """
         request = {
-            "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent,
+            "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent, "prepare": prepare or "",
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
         }  # fmt: skip
         async with self._lock:

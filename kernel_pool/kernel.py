@@ -169,8 +169,9 @@ class Kernel:
             forked = ForkedKernel(self._kernel_dir / "connection.json", self._kernel_dir / "ipc")
             self._process = forked
             await forked.start(
-                self._fork_server, arguments, env, cwd, self._identity, _INKERNEL_SOURCE, deadline
-            )
+                self._fork_server, arguments, env, cwd, self._identity, _INKERNEL_SOURCE,
+                self._config.fork_setup_code, deadline,
+            )  # fmt: skip
         else:
             native = self._config.kernel_name is None
             spawned = SpawnedKernel(

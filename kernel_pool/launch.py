@@ -90,11 +90,14 @@ class ForkedKernel(KernelProcess):
         cwd: Path,
         identity: KernelIdentity | None,
         agent: str,
+        prepare: str | None,
         deadline: float,
     ) -> None:
         self.write_connection_file(identity)
         argv = ["-f", str(self.connection_file), *arguments]
-        self._process = await fork_server.spawn(argv, env, str(cwd), identity, agent, deadline)
+        self._process = await fork_server.spawn(
+            argv, env, str(cwd), identity, agent, prepare, deadline
+        )
 
     @property
     def pid(self) -> int | None:

@@ -218,7 +218,7 @@ async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: P
         async def fork(name: str, seconds: float) -> ForkedKernelProcess:
             argv = ["-f", str(tmp_path / f"{name}.json")]  # ipykernel makes up its ports
             deadline = time.monotonic() + seconds
-            return await server.spawn(argv, os.environ, str(tmp_path), None, "", deadline)
+            return await server.spawn(argv, os.environ, str(tmp_path), None, "", None, deadline)
 
         def named(name: str) -> list[int]:
             marker = str(tmp_path / f"{name}.json")
@@ -308,3 +308,36 @@ def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
         for pid in started:  # only if the test failed
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+_FORK_SETUP = (
+    "import os, sys, types\n"
+    "prepared = types.ModuleType('prepared_here')\n"
+    "prepared.pid = os.getpid()\n"
+    "sys.modules['prepared_here'] = prepared\n"
+)
+_PREPARED = (
+    "import json, os, sys\n"
+    "m = sys.modules.get('prepared_here')\n"
+    "print(json.dumps({'pid': os.getpid(), 'prepared_by': m and m.pid}))\n"
+)
+
+
+@pytest.mark.parametrize("fork_server", [True, False])
+async def test_fork_setup_code_runs_once_in_the_fork_server(fork_server: bool) -> None:
+    config = PoolConfig(size=2, fork_server=fork_server, fork_setup_code=_FORK_SETUP)
+    async with Pool(config) as pool, pool.lease() as first, pool.lease() as second:
+        seen = [json.loads(await run(lease, _PREPARED)) for lease in (first, second)]
+        server = fork_server_of(pool).pid if fork_server else None
+    if fork_server:  # both kernels have what the fork server loaded, once, before forking
+        assert [s["prepared_by"] for s in seen] == [server, server]
+        assert all(s["pid"] != server for s in seen)
+    else:  # spawned kernels never see it
+        assert [s["prepared_by"] for s in seen] == [None, None]
+
+
+async def test_fork_setup_code_that_fails_stops_the_start_with_its_message() -> None:
+    pool = Pool(PoolConfig(size=1, fork_setup_code="raise ValueError('bad setup')"))
+    with pytest.raises(KernelStartError, match="bad setup"):
+        await pool.start()
+    await pool.aclose()
