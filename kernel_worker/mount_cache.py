@@ -249,6 +249,10 @@ class MountCache:
             while len(self._pinned) > _MAX_PINNED_LISTINGS:
                 self._pinned.popitem(last=False)
 
+    def forget_pinned(self, key: str) -> None:
+        with self._pinned_lock:
+            self._pinned.pop(key, None)
+
     # --- blobs ---
 
     def _blob(self, key: str) -> Path:

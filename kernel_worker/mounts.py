@@ -27,7 +27,9 @@ touch nothing shared, and the run directory stays removable by a plain ``rmtree`
 A read-only mount with a ``pin`` is listed once per worker: a later run with the same
 pin, URI and options reuses that listing (as the reference reuses a pinned view), so it
 sees the pinned contents even if the store has changed since. Its objects still come from
-the cache, and are downloaded again only if a sweep evicted them.
+the cache, and are downloaded again only if a sweep evicted them; a remembered listing that
+can no longer be placed (an evicted object the store no longer has) fails that run and is
+forgotten, so the next run lists the store again.
 
 **Read-write** mounts: current contents are copied into
 ``run_root/mount_cache/<name>_<12 hex>/staging``. :func:`sync_back` uploads each new or
@@ -244,8 +246,12 @@ def _build_view(
         )
     try:
         moved = cache.place(placements, view, _fetcher(spec, location, fs), stop)
-    except OSError as exc:
-        raise _local(spec, "build the read-only view", exc) from exc
+    except BaseException as exc:
+        if pinned is not None:  # e.g. an evicted object the store no longer has
+            cache.forget_pinned(pinned)  # the next run lists the store again
+        if isinstance(exc, OSError):
+            raise _local(spec, "build the read-only view", exc) from exc
+        raise
     if pinned is not None:
         cache.remember_pinned(pinned, placements)
     return moved

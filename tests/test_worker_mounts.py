@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -19,10 +21,15 @@ def s3() -> Iterator[S3Server]:
 
 
 @pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("mount-cache")
+
+
+@pytest.fixture(scope="module")
 def mounted(
-    tmp_path_factory: pytest.TempPathFactory, s3: S3Server
+    tmp_path_factory: pytest.TempPathFactory, s3: S3Server, cache_dir: Path
 ) -> Iterator[tuple[WorkerProcess, S3Server]]:
-    cache = tmp_path_factory.mktemp("mount-cache")
+    cache = cache_dir
     w = start_worker(
         tmp_path_factory, "--pool-size", "1",
         env={"STRATA_NOTEBOOK_MOUNT_CACHE_DIR": str(cache)},
@@ -81,6 +88,25 @@ def test_pinned_mount_keeps_the_contents_it_was_first_listed_with(
             ["a.txt", "b.txt"],
             "two",
         )
+
+
+def test_pinned_listing_that_can_no_longer_be_placed_is_listed_again(
+    mounted: tuple[WorkerProcess, S3Server], cache_dir: Path
+) -> None:
+    worker, s3 = mounted
+    bucket = s3.make_bucket({"p/old.txt": b"old"})
+    pinned = {**_mount(s3, f"s3://{bucket}/p"), "pin": "release-1"}
+    source = "names = sorted(p.name for p in data.iterdir())"
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        assert run_ok(c, source, mounts=[pinned]).variables["names"]["preview"] == ["old.txt"]
+        # the store drops the object and the cache is swept: the pinned listing is stale
+        s3.client().delete_object(Bucket=bucket, Key="p/old.txt")
+        s3.client().put_object(Bucket=bucket, Key="p/new.txt", Body=b"new")
+        shutil.rmtree(cache_dir / "blobs")
+        failed = execute(c, source, mounts=[pinned])
+        assert failed.status_code == 502 and "Mount 'data'" in failed.json()["detail"]
+        again = run_ok(c, source, mounts=[pinned])  # listed anew, not stuck failing
+        assert again.variables["names"]["preview"] == ["new.txt"]
 
 
 def test_read_write_mount_syncs_back_only_on_success(
