@@ -42,13 +42,13 @@ import stat
 import threading
 import time
 import uuid
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
 
 from kernel_worker.errors import BadRequest, WorkerError
+from kernel_worker.mount_pins import PinnedListings
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
@@ -59,7 +59,6 @@ __all__ = [
     "Placement",
     "Stopped",
     "object_key",
-    "pin_key",
 ]
 
 logger = logging.getLogger(__name__)
@@ -73,7 +72,6 @@ _SWEEP_INTERVAL_SECONDS = 600.0
 _STALE_TEMP_SECONDS = 86400.0
 _DOWNLOAD_BATCH = 16
 _SCHEME_ALIASES = {"gcs": "gs", "azure": "az"}
-_MAX_PINNED_LISTINGS = 256
 
 Fetch = Callable[[list[str], list[str]], None]
 """Downloads remote names to local paths, pairwise (``fs.get`` with two lists)."""
@@ -101,12 +99,6 @@ def object_key(
         return None
     return sha256("\0".join([protocol, scope, name, size, etag, mtime]).encode()).hexdigest()
 
-
-
-def pin_key(protocol: str, scope: str, path: str, pin: str) -> str:
-    """The identity of a pinned mount's contents: where it points, seen with which
-    options, at which pin."""
-    return sha256("\0".join(["pin", protocol, scope, path, pin]).encode()).hexdigest()
 
 
 class MountCache:
@@ -144,8 +136,7 @@ class MountCache:
         self._environ = dict(environ or {})
         self._sweep_lock = threading.Lock()
         self._last_sweep = -math.inf
-        self._pinned: OrderedDict[str, tuple[Placement, ...]] = OrderedDict()
-        self._pinned_lock = threading.Lock()
+        self.pins = PinnedListings()
         for scheme, name in self._defaults.items():
             if name not in self._credentials:
                 raise ValueError(
@@ -230,28 +221,6 @@ class MountCache:
         """A digest of the options that reach the store: the cache partition they read."""
         text = json.dumps(options, sort_keys=True, default=str)
         return sha256(text.encode()).hexdigest()
-
-    # --- pinned listings ---
-
-    def pinned(self, key: str) -> tuple[Placement, ...] | None:
-        """The placements a pinned mount (*key*: :func:`pin_key`) was first listed with by
-        this worker, if it still remembers them (the most recent 256 pins)."""
-        with self._pinned_lock:
-            found = self._pinned.get(key)
-            if found is not None:
-                self._pinned.move_to_end(key)
-            return found
-
-    def remember_pinned(self, key: str, placements: Sequence[Placement]) -> None:
-        with self._pinned_lock:
-            self._pinned[key] = tuple(placements)
-            self._pinned.move_to_end(key)
-            while len(self._pinned) > _MAX_PINNED_LISTINGS:
-                self._pinned.popitem(last=False)
-
-    def forget_pinned(self, key: str) -> None:
-        with self._pinned_lock:
-            self._pinned.pop(key, None)
 
     # --- blobs ---
 

@@ -58,7 +58,8 @@ from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
-from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key, pin_key
+from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key
+from kernel_worker.mount_pins import pin_key
 from kernel_worker.mount_specs import Location, MountSpec, echo, locate, missing_backend
 
 __all__ = [
@@ -233,7 +234,7 @@ def _build_view(
     placements = None
     if spec.pin is not None:
         pinned = pin_key(location.protocol, scope, location.path, spec.pin)
-        placements = cache.pinned(pinned)
+        placements = cache.pins.get(pinned)
     if placements is None:
         placements = tuple(
             Placement(
@@ -248,12 +249,12 @@ def _build_view(
         moved = cache.place(placements, view, _fetcher(spec, location, fs), stop)
     except BaseException as exc:
         if pinned is not None:  # e.g. an evicted object the store no longer has
-            cache.forget_pinned(pinned)  # the next run lists the store again
+            cache.pins.forget(pinned)  # the next run lists the store again
         if isinstance(exc, OSError):
             raise _local(spec, "build the read-only view", exc) from exc
         raise
     if pinned is not None:
-        cache.remember_pinned(pinned, placements)
+        cache.pins.remember(pinned, placements)
     return moved
 
 

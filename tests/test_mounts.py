@@ -19,7 +19,8 @@ import pytest
 
 from kernel_worker import mounts
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
-from kernel_worker.mount_cache import MountCache, Placement, Stopped, pin_key
+from kernel_worker.mount_cache import MountCache, Placement, Stopped
+from kernel_worker.mount_pins import PinnedListings, pin_key
 from kernel_worker.mount_probe import cached_bytes
 from kernel_worker.mount_specs import MountSpec, parse_mounts
 from kernel_worker.mounts import MaterializedMounts, materialize, sync_back
@@ -536,14 +537,17 @@ async def test_a_cancelled_materialize_waits_for_its_thread_to_stop() -> None:
     assert finished.is_set()  # nothing of the run is still being written after cancel
 
 
-def test_pinned_listings_are_remembered_most_recent_first(cache: MountCache) -> None:
+def test_pinned_listings_are_remembered_most_recent_first() -> None:
+    pins = PinnedListings()
     listing = (Placement(rel="a.txt", remote="b/a.txt", key=None, size=1),)
     keys = [pin_key("s3", "scope", "b", f"v{i}") for i in range(257)]
     assert len(set(keys)) == 257 and pin_key("s3", "other", "b", "v0") != keys[0]
-    assert cache.pinned(keys[0]) is None
+    assert pins.get(keys[0]) is None
     for key in keys[:256]:
-        cache.remember_pinned(key, listing)
-    assert cache.pinned(keys[0]) == listing  # used: now the most recent
-    cache.remember_pinned(keys[256], listing)  # one too many: the least recent goes
-    assert cache.pinned(keys[1]) is None
-    assert cache.pinned(keys[0]) == listing and cache.pinned(keys[256]) == listing
+        pins.remember(key, listing)
+    assert pins.get(keys[0]) == listing  # used: now the most recent
+    pins.remember(keys[256], listing)  # one too many: the least recent goes
+    assert pins.get(keys[1]) is None
+    assert pins.get(keys[0]) == listing and pins.get(keys[256]) == listing
+    pins.forget(keys[0])
+    assert pins.get(keys[0]) is None
