@@ -15,6 +15,7 @@ message, so a lease costs one round trip instead of two and the reset is off its
 """
 
 import asyncio
+import builtins
 import contextlib
 import gc
 import itertools
@@ -353,7 +354,7 @@ def _restore_names(ns, problems):
 
 def _clear_caches(shell):
     try:
-        shell.displayhook.flush()
+        _flush_output_cache(shell)
     except Exception as exc:  # a cell may have broken the display hook
         return [f"output cache flush failed: {type(exc).__name__}"]
     hm = shell.history_manager
@@ -366,6 +367,31 @@ def _clear_caches(shell):
     shell.last_execution_result = None
     shell._last_traceback = None
     return []
+
+
+def _flush_output_cache(shell):
+    """What IPython's ``DisplayHook.flush`` does, in time proportional to what is cached.
+
+    IPython's walks every execution count so far (``_1`` … ``_<count>``), so with stored
+    history a reset got slower with every cell the kernel had run; its ``gc.collect`` is
+    :func:`reset`'s own. ``_<n>`` names come from the output cache ``_oh``. The hidden
+    names also hold ``_i<n>`` (stored inputs) and any ``_<n>`` a cell left without an
+    ``_oh`` entry: they are dropped too, or the hidden names would grow with every cell.
+    """
+    hook = shell.displayhook
+    ns, hidden = shell.user_ns, shell.user_ns_hidden
+    cache = ns.get("_oh")
+    numbered = {f"_{n}" for n in cache} if isinstance(cache, dict) else set()
+    numbered.update(k for k in hidden if k[:1] == "_" and k.lstrip("_i").isdigit())
+    numbered.difference_update(_baseline.get("names", ()))  # a preload's own `_1` stays
+    for key in numbered:
+        ns.pop(key, None)
+        hidden.pop(key, None)
+    if isinstance(cache, dict):
+        cache.clear()
+    hook._, hook.__, hook.___ = "", "", ""  # the display hook's own references to outputs
+    if "_" not in vars(builtins):
+        ns.update({"_": "", "__": "", "___": ""})
 
 
 def _restore_process_state(problems):

@@ -122,6 +122,28 @@ async def test_reset_isolates_consecutive_leases(pool: Pool, last: bool) -> None
     assert out == "False False False {'weights': [1, 2, 3]} ''\n"
 
 
+async def test_reset_clears_the_output_cache(pool: Pool, last: bool) -> None:
+    """Numbered outputs (``_1``, ``Out``), hidden ones included, and the display hook's own
+    references are gone after a reset, whatever the execution count has reached."""
+    async with pool.lease() as lease:
+        kernel = lease.kernel_id
+        for _ in range(3):
+            await run(lease, "[1, 2, 3]")  # stored history: _<n>, _oh[n], the hook's _
+        await run(lease, "get_ipython().user_ns_hidden['_999'] = 'no _oh entry'", last=last)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == kernel  # the reset was clean: the kernel is reused
+        out = await run(lease, (
+            "ip = get_ipython()\n"
+            "inputs = [k for k in globals() if k[:2] == '_i' and k[2:].isdigit()]\n"
+            "mine = max(inputs, key=lambda k: int(k[2:]))  # this cell's own stored input\n"
+            "numbered = [k for k in (*globals(), *ip.user_ns_hidden)\n"
+            "            if k.lstrip('_i').isdigit() and k != mine]\n"
+            "print(numbered, dict(_oh), repr(ip.displayhook._), repr(_), ip.execution_count > 3)\n"
+        ))  # fmt: skip
+    assert out == "[] {} '' '' True\n"
+
+
 async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
