@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -53,6 +54,13 @@ def test_cli_refuses_a_run_dir_it_cannot_use(tmp_path: Path) -> None:
     assert "--run-dir" in done.stderr and "not a directory" in done.stderr
 
 
+def wait_until_empty(folder: Path, seconds: float = 30.0) -> None:
+    deadline = time.monotonic() + seconds
+    while any(folder.iterdir()):
+        assert time.monotonic() < deadline, f"{folder} still holds {sorted(folder.iterdir())}"
+        time.sleep(0.02)
+
+
 def test_missing_run_root_is_made_and_remade(tmp_path_factory: pytest.TempPathFactory) -> None:
     top = tmp_path_factory.mktemp("gone")
     runs = top / "a" / "b" / "runs"
@@ -61,6 +69,7 @@ def test_missing_run_root_is_made_and_remade(tmp_path_factory: pytest.TempPathFa
         assert runs.is_dir()
         with httpx.Client(base_url=w.url, timeout=120) as c:
             assert run_ok(c, "result = 1").variables["result"]["preview"] == 1
+            wait_until_empty(runs)  # the first run's directory goes in the background
             shutil.rmtree(top / "a")  # a temp-dir cleaner, while the worker serves
             assert run_ok(c, "result = 2").variables["result"]["preview"] == 2
         assert runs.is_dir()
