@@ -1,9 +1,9 @@
 """The agent shipped into every kernel, and the code that ships it.
 
-``codecs.py`` and ``runtime.py`` in this folder run inside kernels: they are sent as source
-text at kernel start-up (so a kernelspec from any environment works, with or without this
-package installed there) and become the in-kernel package ``strata_kernel_agent``. They use
-only the standard library at import time.
+The other modules in this folder run inside kernels: they are sent as source text at kernel
+start-up (so a kernelspec from any environment works, with or without this package installed
+there) and become the in-kernel package ``strata_kernel_agent``. They use only the standard
+library at import time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from functools import cache
 from pathlib import Path
 
 AGENT_PACKAGE = "strata_kernel_agent"
-_MODULES = ("arrow_codec", "codecs", "runtime")  # dependency order
+_MODULES = ("arrow_codec", "figures", "codecs", "runtime")  # dependency order
 
 
 @cache

@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any, NamedTuple
 
-from . import arrow_codec
+from . import arrow_codec, figures
 from .arrow_codec import X64_NOTE, PrecisionError, removed_on_error, x64_was_enabled_here
 
 __all__ = [
@@ -223,8 +223,7 @@ def _has_markdown(value: object) -> bool:
 def _is_image(value: object) -> bool:
     if callable(getattr(value, "_repr_png_", None)):
         return True
-    figure = sys.modules.get("matplotlib.figure")
-    if figure is not None and isinstance(value, figure.Figure):
+    if figures.is_figure(value):
         return True
     image = sys.modules.get("PIL.Image")
     return image is not None and isinstance(value, image.Image)
@@ -386,12 +385,10 @@ def _render_png(value: Any) -> _Png:
         return bytes(raw), None, None
     if raw is not None:
         raise ValueError("_repr_png_() did not return bytes")
-    buffer = io.BytesIO()
-    figure = sys.modules.get("matplotlib.figure")
-    if figure is not None and isinstance(value, figure.Figure):
-        value.savefig(buffer, format="png")
+    if figures.is_figure(value):
         size = (value.get_figwidth() * value.dpi, value.get_figheight() * value.dpi)
-        return buffer.getvalue(), round(size[0]), round(size[1])
+        return figures.figure_png(value), round(size[0]), round(size[1])
+    buffer = io.BytesIO()
     image = sys.modules.get("PIL.Image")
     if image is not None and isinstance(value, image.Image):
         value.save(buffer, format="PNG")

@@ -13,7 +13,7 @@ import os
 import pathlib
 import sys
 
-from . import codecs
+from . import codecs, figures
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -321,6 +321,7 @@ def collect(run):
 
 def _end_run():
     _state["run"] = None
+    figures.forget_renders()
 
 
 class _Exit:
@@ -368,6 +369,7 @@ def install(shell):
     _state["shell"] = shell
     _patch_display()
     _patch_figure_show()
+    figures.install(shell)
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_execute", _stop_recording)
     shell.events.register("post_run_cell", _post_run_cell)
