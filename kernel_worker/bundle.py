@@ -26,20 +26,20 @@ client rejects; a missing mime file or output-dir file is left out of the manife
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math
 import os
 import stat
-import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from .stored_gzip import StoredGzipWriter, stored_length
+from zlib_ng import zlib_ng
+
+from .stored_gzip import GZIP_WBITS, DeflatingGzipWriter, StoredGzipWriter, stored_length
 from .tarwriter import TarWriter
 
 __all__ = [
@@ -169,10 +169,7 @@ def bundle_bytes(run_dir: Path, outcome: CellOutcome, *, compresslevel: int = 1)
     tar = TarWriter(raw)
     _write_members(tar, run_dir, outcome)
     tar.close()
-    return zlib.compress(raw.getbuffer(), compresslevel, wbits=_GZIP_WBITS)
-
-
-_GZIP_WBITS = 16 + zlib.MAX_WBITS  # zlib's gzip framing (header with mtime 0, then trailer)
+    return zlib_ng.compress(raw.getbuffer(), compresslevel, wbits=GZIP_WBITS)
 
 
 def write_bundle(
@@ -184,13 +181,11 @@ def write_bundle(
     *fileobj* is written to and left open.
     """
     counter = _CountingWriter(fileobj)
-    gz: gzip.GzipFile | StoredGzipWriter
+    gz: DeflatingGzipWriter | StoredGzipWriter
     if compresslevel == 0:  # stored: framed directly, at memory speed
         gz = StoredGzipWriter(counter)
     else:
-        gz = gzip.GzipFile(
-            filename="", mode="wb", fileobj=counter, compresslevel=compresslevel, mtime=0
-        )
+        gz = DeflatingGzipWriter(counter, compresslevel)
     with gz:
         tar = TarWriter(gz, copy_bytes=_COPY_BUFFER_BYTES)  # type: ignore[arg-type]
         _write_members(tar, run_dir, outcome)

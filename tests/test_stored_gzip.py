@@ -1,4 +1,5 @@
-"""The stored gzip stream large bundles are written with: any gzip reader gets the data back."""
+"""The gzip streams bundles are written with, stored or deflated: any gzip reader gets the
+data back."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_worker.stored_gzip import StoredGzipWriter, stored_length
+from kernel_worker.stored_gzip import DeflatingGzipWriter, StoredGzipWriter, stored_length
 
 
 def written(chunks: list[bytes]) -> bytes:
@@ -60,6 +61,42 @@ def test_a_tar_written_through_it_reads_back() -> None:
 
 def test_writing_after_close_is_refused() -> None:
     gz = StoredGzipWriter(io.BytesIO())
+    gz.close()
+    gz.close()  # idempotent
+    with pytest.raises(ValueError):
+        gz.write(b"x")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(st.binary(max_size=3000) | st.integers(0, 200_000).map(os.urandom), max_size=8),
+    st.sampled_from([1, 2, 6, 9]),
+)
+def test_deflated_writes_round_trip(chunks: list[bytes], level: int) -> None:
+    out = io.BytesIO()
+    with DeflatingGzipWriter(out, level) as gz:
+        for chunk in chunks:
+            assert gz.write(memoryview(chunk)) == len(chunk)
+        assert gz.tell() == sum(map(len, chunks))
+    data = out.getvalue()
+    assert gzip.decompress(data) == b"".join(chunks)
+    assert zlib.decompress(data, 16 + zlib.MAX_WBITS) == b"".join(chunks)
+
+
+def test_deflated_text_shrinks_and_the_header_names_the_level() -> None:
+    text = b"a,b,c\n1,2,3\n" * 100_000
+    sizes = {}
+    for level in (2, 9):
+        out = io.BytesIO()
+        with DeflatingGzipWriter(out, level) as gz:
+            gz.write(text)
+        data = out.getvalue()
+        assert data[:4] == b"\x1f\x8b\x08\x00" and data[4:8] == bytes(4)  # no name, mtime 0
+        assert data[8] == (2 if level == 9 else 0)  # XFL, as zlib writes it
+        sizes[level] = len(data)
+        assert gzip.decompress(data) == text
+    assert sizes[9] <= sizes[2] < len(text) // 50
+    gz = DeflatingGzipWriter(io.BytesIO(), 2)
     gz.close()
     gz.close()  # idempotent
     with pytest.raises(ValueError):

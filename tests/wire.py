@@ -83,3 +83,10 @@ def run_ok(client: httpx.Client, source: str, *args: Any, **kwargs: Any) -> Bund
     bundle = read_bundle(execute(client, source, *args, **kwargs))
     assert bundle.manifest["success"], bundle.manifest
     return bundle
+
+
+def first_block_stored(gz: bytes) -> bool:
+    """Whether a gzip stream (no optional header fields) starts with a stored deflate block:
+    its BTYPE bits are 00, where a deflated stream has 01 or 10."""
+    assert gz[:2] == b"\x1f\x8b" and gz[3] == 0, "a gzip stream without optional fields"
+    return (gz[10] >> 1) & 0b11 == 0
