@@ -23,7 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 960 * 1024  # under the worker's 1 MiB mmap threshold: chunks reuse warm heap
 _END = object()
 
 
