@@ -1,6 +1,6 @@
 """Cells see what they would see in the reference's cell process, over real HTTP: an empty
-stdin, ``Figure.show()`` as a display, and a manifest that is strict JSON even when a value
-is NaN."""
+stdin, ``Figure.show()`` as a display, warnings that name ``<cell>``, and a manifest that is
+strict JSON even when a value is NaN."""
 
 from __future__ import annotations
 
@@ -104,3 +104,32 @@ def test_figure_show_in_the_cell_that_first_imports_matplotlib(
             _assert_one_png_display(run_ok(c, _FIGURE_SHOW).manifest)
     finally:
         w.stop()
+
+
+def test_a_warning_from_the_cell_names_the_cell(client: httpx.Client) -> None:
+    """As the reference prints it: ``<cell>`` when the cell ends in an expression (the
+    reference compiles such a cell as ``<cell>``), ``<string>`` otherwise (it ``exec``s it)."""
+    bundle = run_ok(client, "import warnings\nwarnings.warn('careful')")
+    assert bundle.stderr() == "<cell>:2: UserWarning: careful\n"
+    nested = "import warnings\ndef f():\n    warnings.warn('inner')\nf()\ndel warnings, f"
+    assert run_ok(client, nested).stderr() == "<string>:3: UserWarning: inner\n"
+    looped = (
+        "import warnings\n"
+        "with warnings.catch_warnings():\n"
+        "    warnings.simplefilter('always')\n"
+        "    for i in range(2):\n"
+        "        warnings.warn('x')"
+    )
+    assert run_ok(client, looped).stderr() == "<string>:5: UserWarning: x\n" * 2
+
+
+def test_a_warning_from_a_library_keeps_its_file(client: httpx.Client) -> None:
+    source = (
+        "import json, warnings\n"
+        "warnings.warn_explicit('old', UserWarning, json.__file__, 1)\n"
+        "where = json.__file__\n"
+        "del json, warnings"
+    )
+    bundle = run_ok(client, source)
+    where = bundle.variables["where"]["preview"]
+    assert bundle.stderr().startswith(f"{where}:1: UserWarning: old\n")

@@ -33,6 +33,8 @@ class _Run:
         self.recording = True
         self.error = None
         self.collected = False
+        self.source = None  # the cell's text
+        self.file_label = None  # what warnings call the cell (see _cell_file_label)
 
 
 _state = {"run": None, "shell": None, "display": None, "figure_show": None}
@@ -151,6 +153,7 @@ def _pre_run_cell(info=None):
     if plan is None:
         return
     run = _Run(plan)
+    run.source = getattr(info, "raw_cell", None)
     _state["run"] = run
     try:
         _prepare(shell, run)
@@ -334,6 +337,50 @@ class _Exit:
         raise SystemExit() if code is None else SystemExit(code)
 
 
+# -- warnings ------------------------------------------------------------------------------------
+
+
+def _cell_warning_format(shell):
+    """A warning raised by the cell's own code names the cell as the reference's cell
+    process does (see :func:`_cell_file_label`), instead of the kernel's cache file for the
+    cell (a temporary path) followed by the source line; warnings from any other file keep
+    the usual format."""
+    import warnings
+
+    original = warnings.formatwarning
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if _is_cell_file(shell, filename):
+            filename, line = _cell_file_label(), ""
+        return original(message, category, filename, lineno, line)
+
+    warnings.formatwarning = formatwarning
+
+
+def _cell_file_label():
+    """``<cell>`` when the cell ends in an expression, else ``<string>``: the reference
+    compiles a cell that ends in an expression as ``<cell>`` (to evaluate that expression)
+    and ``exec``s any other cell from its source text."""
+    run = _current()
+    if run is None or run.source is None:
+        return "<cell>"
+    if run.file_label is None:
+        try:
+            body = ast.parse(run.source).body
+        except SyntaxError:  # IPython syntax (magics): the reference's exec path
+            body = []
+        run.file_label = "<cell>" if body and isinstance(body[-1], ast.Expr) else "<string>"
+    return run.file_label
+
+
+def _is_cell_file(shell, filename):
+    """Whether ``filename`` is a cell's (IPython's tracebacks ask the same question)."""
+    try:
+        return shell.compile.format_code_name(filename) is not None
+    except Exception:
+        return False
+
+
 # -- stdin ---------------------------------------------------------------------------------------
 
 
@@ -379,6 +426,7 @@ def install(shell):
     shell.user_ns["display"] = display
     shell.user_ns["exit"] = shell.user_ns["quit"] = _Exit()
     _stdin_at_eof(shell)
+    _cell_warning_format(shell)
     from IPython.display import Markdown
 
     shell.user_ns["Markdown"] = Markdown
