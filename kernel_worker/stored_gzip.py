@@ -11,7 +11,7 @@ stored 10 MB bundle).
 from __future__ import annotations
 
 import struct
-from typing import Protocol
+from typing import Protocol, Self
 
 from zlib_ng import zlib_ng
 
@@ -38,37 +38,69 @@ class _Writable(Protocol):
     def write(self, data: bytes, /) -> int: ...
 
 
-class StoredGzipWriter:
-    """A write-only file object: what is written to it goes out as a stored gzip stream.
-
-    ``close()`` ends the stream (the target is left open). ``tell()`` is the uncompressed
-    position, as ``gzip.GzipFile`` reports it.
-    """
+class _GzipWriter:
+    """A write-only file object that ends its gzip stream on ``close()`` (the target is left
+    open); ``tell()`` is the uncompressed position, as ``gzip.GzipFile`` reports it."""
 
     def __init__(self, target: _Writable) -> None:
         self._target = target
-        self._crc = 0
         self._size = 0
-        self._pending = bytearray()
         self._closed = False
-        target.write(_HEADER)
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
-        """Frame ``data``; what completes blocks goes to the target in one write."""
         if self._closed:
             raise ValueError("write to a closed stream")
-        view = memoryview(data).cast("B")
-        length = len(view)
-        self._crc = zlib_ng.crc32(view, self._crc)
+        length = memoryview(data).nbytes
+        self._write(data)
         self._size += length
+        return length
+
+    def tell(self) -> int:
+        return self._size
+
+    def flush(self) -> None:
+        """Nothing to do: output goes out as it is ready, the rest on close."""
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._target.write(self._end())
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        raise NotImplementedError
+
+    def _end(self) -> bytes:
+        """What ends the stream."""
+        raise NotImplementedError
+
+
+class StoredGzipWriter(_GzipWriter):
+    """What is written to it goes out as a stored gzip stream (see :class:`_GzipWriter`)."""
+
+    def __init__(self, target: _Writable) -> None:
+        super().__init__(target)
+        self._crc = 0
+        self._pending = bytearray()
+        target.write(_HEADER)
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """Frame ``data``; what completes blocks goes to the target in one write."""
+        view = memoryview(data).cast("B")
+        self._crc = zlib_ng.crc32(view, self._crc)
         pending = self._pending
         parts: list[bytes | memoryview] = []
         if pending:
-            take = min(length, _BLOCK - len(pending))
+            take = min(len(view), _BLOCK - len(pending))
             pending += view[:take]
             view = view[take:]
             if len(pending) < _BLOCK:
-                return length
+                return
             parts += (_FULL_BLOCK_HEADER, bytes(pending))
             pending.clear()
         whole = len(view) - len(view) % _BLOCK
@@ -77,69 +109,31 @@ class StoredGzipWriter:
         if parts:
             self._target.write(b"".join(parts))
         pending += view[whole:]
-        return length
 
-    def tell(self) -> int:
-        return self._size
-
-    def flush(self) -> None:
-        """Nothing to do: data is framed in whole blocks, the rest on close."""
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+    def _end(self) -> bytes:
         pending = self._pending
         tail = struct.pack("<BHH", 0, len(pending), len(pending) ^ 0xFFFF) + pending
         trailer = struct.pack("<II", self._crc & 0xFFFFFFFF, self._size & 0xFFFFFFFF)
-        self._target.write((tail if pending else b"") + _LAST_EMPTY_BLOCK + trailer)
+        ending = (tail if pending else b"") + _LAST_EMPTY_BLOCK + trailer
         pending.clear()
-
-    def __enter__(self) -> StoredGzipWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        return ending
 
 
-class DeflatingGzipWriter:
-    """A write-only file object: what is written to it goes out deflated, as one gzip member.
+class DeflatingGzipWriter(_GzipWriter):
+    """What is written to it goes out deflated, as one gzip member (see :class:`_GzipWriter`).
 
     zlib-ng's deflate (at level 2: 1.6-2x zlib's level-1 speed, and a smaller result) with
-    zlib's own gzip framing (mtime 0). ``close()`` ends the stream (the target is
-    left open); ``tell()`` is the uncompressed position.
+    zlib's own gzip framing (mtime 0).
     """
 
     def __init__(self, target: _Writable, level: int) -> None:
-        self._target = target
+        super().__init__(target)
         self._deflate = zlib_ng.compressobj(level, zlib_ng.DEFLATED, GZIP_WBITS)
-        self._size = 0
-        self._closed = False
 
-    def write(self, data: bytes | bytearray | memoryview) -> int:
-        if self._closed:
-            raise ValueError("write to a closed stream")
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         out = self._deflate.compress(data)
         if out:
             self._target.write(out)
-        length = memoryview(data).nbytes
-        self._size += length
-        return length
 
-    def tell(self) -> int:
-        return self._size
-
-    def flush(self) -> None:
-        """Nothing to do: deflate decides when output is ready, the rest on close."""
-
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._target.write(self._deflate.flush())
-
-    def __enter__(self) -> DeflatingGzipWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+    def _end(self) -> bytes:
+        return self._deflate.flush()
