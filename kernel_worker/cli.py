@@ -187,7 +187,7 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "--bundle-compresslevel",
         f"{ENV_PREFIX}BUNDLE_COMPRESSLEVEL",
         _compresslevel,
-        "gzip level of result bundles, 0 (stored) to 9 (default: 1 or stored, chosen per "
+        "gzip level of result bundles, 0 (stored) to 9 (default: 2 or stored, chosen per "
         "bundle by whether its largest output compresses)",
     ),
     (

@@ -26,7 +26,7 @@ from .mount_probe import cached_bytes
 from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
-from .streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
+from .streaming import CHUNK_BYTES, BundleStream, BundleStreamResponse, watching_for_disconnect
 
 if TYPE_CHECKING:
     from .state import WorkerState
@@ -250,10 +250,9 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
 
 class _BundleFileResponse(FileResponse):
     """A large bundle, read ~1 MiB at a time (the default 64 KiB costs a thread hop per
-    64 KiB: ~1,600 of them for 100 MB); just under 1 MiB, so each read reuses warm heap
-    memory instead of a fresh mapping (the worker's malloc settings, cli.py)."""
+    64 KiB: ~1,600 of them for 100 MB)."""
 
-    chunk_size = 960 * 1024
+    chunk_size = CHUNK_BYTES
 
 
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:

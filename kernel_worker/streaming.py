@@ -23,7 +23,9 @@ from starlette.types import Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
-CHUNK_BYTES = 960 * 1024  # under the worker's 1 MiB mmap threshold: chunks reuse warm heap
+# Buffers just under 1 MiB: from 1 MiB up the worker's malloc (cli.py) maps fresh pages for
+# each one instead of reusing warm heap memory. Bundle chunks, reads and batches use it.
+CHUNK_BYTES = 960 * 1024
 _END = object()
 
 

@@ -26,6 +26,7 @@ import httpx
 
 from .errors import PayloadTooLarge, UpstreamFailed
 from .execution import ConsoleListener
+from .streaming import CHUNK_BYTES  # bundle reads; input writes are batched to about this
 
 __all__ = [
     "UploadTarget",
@@ -38,9 +39,6 @@ log = logging.getLogger(__name__)
 
 OUTPUT_FORMAT = "notebook-output-bundle@v1"
 ACCEPTED_UPLOAD_STATUSES = frozenset({200, 201, 204})
-# bundle reads; input writes are batched to about this much. Under 1 MiB: from there the
-# worker's malloc (cli.py) maps fresh pages for each buffer instead of reusing its heap.
-CHUNK_BYTES = 960 * 1024
 DETAIL_BYTES = 64 * 1024  # of an error response, quoted in a detail
 FINALIZE_BYTES = 8 * 1024 * 1024  # of the finalize answer, returned to the caller
 LOG_QUEUE_CHUNKS = 64

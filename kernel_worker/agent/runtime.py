@@ -24,8 +24,9 @@ _json_dumps = json.JSONEncoder(default=repr).encode  # immune to a cell patching
 class _Run:
     """Per-request state; one exists between ``pre_run_cell`` and the pool's reset."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, source=None):
         self.plan = plan
+        self.source = source  # the cell's text
         self.before = {}
         self.inputs = {}
         self.fingerprints = {}
@@ -33,7 +34,6 @@ class _Run:
         self.recording = True
         self.error = None
         self.collected = False
-        self.source = None  # the cell's text
         self.file_label = None  # what warnings call the cell (see _cell_file_label)
 
 
@@ -152,8 +152,7 @@ def _pre_run_cell(info=None):
     plan = _parent_plan(shell)
     if plan is None:
         return
-    run = _Run(plan)
-    run.source = getattr(info, "raw_cell", None)
+    run = _Run(plan, getattr(info, "raw_cell", None))
     _state["run"] = run
     try:
         _prepare(shell, run)
