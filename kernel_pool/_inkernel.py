@@ -1,7 +1,9 @@
 """The pool's helper that lives inside every kernel: baseline capture, reset, verification.
 
-This file is never imported by the pool process. Its source is sent to each kernel once at
-start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only). The pool
+This file is never imported by the pool process. Its source, followed by that of
+``_inkernel_state.py`` (the interpreter and library settings a reset restores), is sent to
+each kernel once at start-up and executed there as the module ``_kernel_pool_agent``
+(stdlib only). The pool
 then calls its functions through ``user_expressions``, so nothing is ever bound in the
 user namespace by the pool itself.
 
@@ -29,7 +31,9 @@ _LAST_ERROR_ATTRS = ("last_type", "last_value", "last_traceback", "last_exc")
 _MISSING = object()
 # modules whose attributes a cell might monkeypatch and that everything else relies on
 _GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
-_SYS_HOOKS = ("stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook")
+_SYS_HOOKS = (
+    "stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook", "unraisablehook"
+)
 RESET_MSG_TYPE = "kernel_pool_reset"
 RESET_TOPIC = b"kernel_pool.reset"
 _CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
@@ -198,6 +202,7 @@ def capture():
     """Record the warm baseline that every reset returns to; returns a small summary."""
     global _preloaded
     _start_lazy_infrastructure_threads()
+    capture_settings()  # noqa: F821 (from _inkernel_state.py, shipped into this module too)
     shell = _shell()
     ns = shell.user_ns
     hm = shell.history_manager
@@ -473,9 +478,17 @@ def _verify(ns, problems):
             problems.append(f"thread {thread.name!r} is still running")
 
 
-def reset():
-    """Return the kernel to its baseline; report whether it could be verified clean."""
+def reset(context_problems=None):
+    """Return the kernel to its baseline; report whether it could be verified clean.
+
+    ``context_problems``: the settings held in context variables were already restored, from
+    the cells' context, with these problems (see :func:`_reset_if_last`).
+    """
     problems = []
+    if context_problems is None:
+        restore_context_settings(problems)  # noqa: F821 (from _inkernel_state.py)
+    else:
+        problems.extend(context_problems)
     for hook in _reset_hooks:
         try:
             hook()
@@ -486,6 +499,7 @@ def reset():
     _restore_interpreter(problems)
     _restore_names(ns, problems)
     _restore_process_state(problems)
+    restore_settings(problems)  # noqa: F821 (from _inkernel_state.py)
     problems += _clear_caches(shell)
     gc.collect()
     # What survives a reset (imported modules, their caches) is long-lived: freezing it keeps
@@ -518,13 +532,17 @@ def _reset_if_last(result=None):
     if loop is None:  # no loop running: reset now, before the reply
         _reset_and_report(shell, parent)
     else:  # run once the handler yields, after the reply: off the request's path
-        loop.call_soon(_reset_and_report, shell, parent)
+        # except the few settings held in context variables: a callback gets a copy of the
+        # cells' context, so they are restored here, in the cells' own (microseconds)
+        problems = []
+        restore_context_settings(problems)  # noqa: F821 (from _inkernel_state.py)
+        loop.call_soon(_reset_and_report, shell, parent, problems)
 
 
-def _reset_and_report(shell, parent):
+def _reset_and_report(shell, parent, context_problems=None):
     started = time.perf_counter()
     try:
-        report = reset()
+        report = reset(context_problems)
     except BaseException as exc:  # any failure makes the kernel suspect
         report = {"clean": False, "problems": [f"reset failed: {type(exc).__name__}: {exc}"]}
     report["seconds"] = time.perf_counter() - started

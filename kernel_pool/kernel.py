@@ -44,7 +44,11 @@ from .processes import (
 
 log = logging.getLogger(__name__)
 
-_INKERNEL_SOURCE = (Path(__file__).with_name("_inkernel.py")).read_text(encoding="utf-8")
+# the helper, and the interpreter and library settings its reset restores, as one module
+_INKERNEL_SOURCE = "\n".join(
+    Path(__file__).with_name(name).read_text(encoding="utf-8")
+    for name in ("_inkernel.py", "_inkernel_state.py")
+)
 _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
 _BOOTSTRAP = (  # loads the helper in a kernel that starts without it
     "def __kernel_pool_boot(src):\n"

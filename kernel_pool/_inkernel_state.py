@@ -1,0 +1,543 @@
+"""Interpreter and library settings that a cell can change and that would outlive it.
+
+Shipped into every kernel ahead of ``_inkernel.py``, into the same module (stdlib only).
+:func:`capture_settings` records them with the warm baseline, :func:`restore_settings` puts
+back whatever a cell changed, so that the next request starts as it would in a fresh
+interpreter: warning filters, the root logger, recursion limit, trace and profile functions,
+the garbage collector, signal handlers and timers, umask, resource limits, locale, time zone,
+the default socket timeout, ``decimal``'s context, ``random``'s seed, and the options of
+numpy, pandas and matplotlib.
+
+A library imported after the baseline is recorded as its import finishes (a meta path
+finder watches for it), so a cell that imports matplotlib and then changes its style in the
+same cell is undone as well. Filters that a library adds to ``warnings`` while it is being
+imported stay: the library stays imported and would not add them again.
+"""
+
+import _signal
+import contextlib
+import gc
+import os
+import random
+import signal
+import sys
+import threading
+import time
+import warnings
+
+_settings = {}
+_library_state = {}  # module name -> its recorded settings
+_REAL_TIMER_SIGNALS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
+_MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
+_RC_NOT_RESTORED = ("backend", "backend_fallback", "interactive")  # the kernel's own choice
+
+
+def _interpreter_settings():
+    """(name, get, set) of the process-wide switches a fresh interpreter has at defaults."""
+    pairs = [
+        ("recursion limit", sys.getrecursionlimit, sys.setrecursionlimit),
+        ("switch interval", sys.getswitchinterval, sys.setswitchinterval),
+        ("trace function", sys.gettrace, sys.settrace),
+        ("profile function", sys.getprofile, sys.setprofile),
+        ("gc thresholds", gc.get_threshold, lambda thresholds: gc.set_threshold(*thresholds)),
+        ("gc debug flags", gc.get_debug, gc.set_debug),
+        ("gc enabled", gc.isenabled, lambda enabled: gc.enable() if enabled else gc.disable()),
+        ("bytecode writing", lambda: sys.dont_write_bytecode, _set_dont_write_bytecode),
+        ("thread exception hook", lambda: threading.excepthook, _set_thread_excepthook),
+    ]
+    if hasattr(sys, "get_int_max_str_digits"):
+        pairs.append(("int digits limit", sys.get_int_max_str_digits, sys.set_int_max_str_digits))
+    if hasattr(threading, "gettrace"):
+        pairs.append(("thread trace function", threading.gettrace, threading.settrace))
+        pairs.append(("thread profile function", threading.getprofile, threading.setprofile))
+    socket = sys.modules.get("socket")
+    if socket is not None:
+        pairs.append(("socket timeout", socket.getdefaulttimeout, socket.setdefaulttimeout))
+    return pairs
+
+
+def _set_dont_write_bytecode(value):
+    sys.dont_write_bytecode = value
+
+
+def _set_thread_excepthook(hook):
+    threading.excepthook = hook
+
+
+# -- capture ---------------------------------------------------------------------------------
+
+
+def capture_settings():
+    """Record the current settings as the baseline (call with the rest of the baseline)."""
+    _settings.clear()
+    _settings["interpreter"] = [(n, g, s, g()) for n, g, s in _interpreter_settings()]
+    _settings["signals"] = _signal_handlers()
+    _settings["signal mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    _settings["umask"] = _umask()
+    _settings["rlimits"] = _rlimits()
+    _settings["priority"] = _priority()
+    _settings["affinity"] = _affinity()
+    _settings["locale"] = _locale()
+    _settings["time zone"] = (time.tzname, time.timezone, time.altzone, time.daylight)
+    _settings["argv"] = (sys.argv, list(sys.argv))
+    _capture_warnings()
+    _capture_logging()
+    _library_state.clear()
+    for name, (capture, _restore) in _LIBRARIES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            _record_library(name, capture, module)
+    _watch_imports()
+
+
+def _signal_handlers():
+    """Handlers set from Python (None where C code set one: it cannot be read or put back)."""
+    handlers = {}
+    for signum in signal.valid_signals():
+        if signum in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            handlers[signum] = _signal.getsignal(signum)
+    return handlers
+
+
+def _umask():
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _rlimits():
+    """``{resource number: (name, limits)}`` for every limit this platform has."""
+    resource = _optional("resource")
+    limits = {}
+    for name in dir(resource) if resource is not None else ():
+        which = getattr(resource, name)
+        if name.startswith("RLIMIT_"):
+            with contextlib.suppress(OSError, ValueError):
+                limits[which] = (name, resource.getrlimit(which))
+    return resource, limits
+
+
+def _priority():
+    try:
+        return os.getpriority(os.PRIO_PROCESS, 0)
+    except (AttributeError, OSError):
+        return None
+
+
+def _affinity():
+    try:
+        return os.sched_getaffinity(0)
+    except (AttributeError, OSError):
+        return None
+
+
+def _locale():
+    locale = _optional("locale")
+    try:
+        return (locale, locale.setlocale(locale.LC_ALL)) if locale is not None else None
+    except Exception:  # an error from the C library
+        return None
+
+
+def _optional(name):
+    try:
+        return __import__(name)
+    except ImportError:
+        return None
+
+
+# -- restore ---------------------------------------------------------------------------------
+
+
+def restore_settings(problems):
+    """Put back every recorded setting a cell changed; what cannot be undone is a problem.
+
+    Call after ``os.environ`` is restored (the time zone follows ``TZ``).
+    """
+    if not _settings:
+        return
+    for name, get, set_, value in _settings["interpreter"]:
+        try:
+            if get() != value:
+                set_(value)
+        except Exception as exc:
+            problems.append(f"cannot restore the {name}: {type(exc).__name__}")
+    argv, items = _settings["argv"]
+    if sys.argv is not argv or argv != items:
+        argv[:] = items
+        sys.argv = argv
+    _restore_signals(problems)
+    _restore_process(problems)
+    _restore_libraries(problems, in_context=False)
+    _restore_logging()
+    _restore_warnings()
+    # a cell's seed must not make the next request's random numbers predictable (128 bits
+    # from the OS: a third of the cost of the default seeding's 2.5 KB)
+    random.seed(int.from_bytes(os.urandom(16), "big"))
+    _reseed_numpy()
+
+
+def restore_context_settings(problems):
+    """Put back the settings held in context variables (numpy's options, decimal's context).
+
+    Cells share one context, but a loop callback runs in a copy of it: call this from the
+    cells' own context (a ``post_run_cell`` hook, or an execution), not from a callback.
+    """
+    if _settings:
+        _restore_libraries(problems, in_context=True)
+
+
+def _restore_signals(problems):
+    for signum, handler in _settings["signals"].items():
+        if handler is None:
+            continue
+        try:
+            if _signal.getsignal(signum) != handler:
+                signal.signal(signum, handler)
+        except (OSError, ValueError, TypeError) as exc:
+            problems.append(f"cannot restore the handler of signal {signum}: {exc}")
+    for name in _REAL_TIMER_SIGNALS:  # a timer left running would signal another request
+        which = getattr(signal, name, None)
+        if which is not None and signal.getitimer(which) != (0.0, 0.0):
+            signal.setitimer(which, 0)
+    signal.pthread_sigmask(signal.SIG_SETMASK, _settings["signal mask"])
+
+
+def _restore_process(problems):
+    umask = _settings["umask"]
+    os.umask(umask)
+    resource, limits = _settings["rlimits"]
+    for which, (name, wanted) in limits.items():
+        current = resource.getrlimit(which)
+        if current == wanted:
+            continue
+        try:
+            resource.setrlimit(which, wanted)
+        except (OSError, ValueError):
+            problems.append(f"a cell lowered {name} for good (to {current}, from {wanted})")
+    priority = _settings["priority"]
+    if priority is not None and _priority() != priority:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, priority)
+        except OSError:
+            problems.append(f"a cell lowered the kernel's priority to {_priority()}")
+    affinity = _settings["affinity"]
+    if affinity is not None and _affinity() != affinity:
+        try:
+            os.sched_setaffinity(0, affinity)
+        except OSError as exc:
+            problems.append(f"cannot restore the CPU affinity: {exc.strerror}")
+    recorded = _settings["locale"]
+    if recorded is not None:
+        locale, wanted = recorded
+        try:
+            if locale.setlocale(locale.LC_ALL) != wanted:
+                locale.setlocale(locale.LC_ALL, wanted)
+        except locale.Error:
+            problems.append("cannot restore the locale")
+    if (time.tzname, time.timezone, time.altzone, time.daylight) != _settings["time zone"]:
+        time.tzset()
+
+
+# -- warnings --------------------------------------------------------------------------------
+
+
+def _capture_warnings():
+    _settings["warnings"] = {
+        "list": warnings.filters,
+        "filters": list(warnings.filters),
+        "defaultaction": warnings.defaultaction,
+        "showwarning": warnings.showwarning,
+        "formatwarning": warnings.formatwarning,
+    }
+    for name, append_at in (("filterwarnings", 5), ("simplefilter", 3)):
+        function = getattr(warnings, name)
+        if not getattr(function, "_kernel_pool_kept_at_import", False):
+            setattr(warnings, name, _keeping_import_time_filters(function, append_at))
+
+
+def _keeping_import_time_filters(add_filter, append_at):
+    """``warnings.filterwarnings``/``simplefilter`` that remembers filters added by imports.
+
+    The reset removes every filter a cell added, except those a module adds while it is being
+    imported: it stays imported and would not add them again. ``append_at`` is the position
+    of the ``append`` argument.
+    """
+
+    def wrapper(*args, **kwargs):
+        add_filter(*args, **kwargs)
+        recorded = _settings.get("warnings")
+        if recorded is None or warnings.filters is not recorded["list"] or not _importing():
+            return
+        append = kwargs.get("append", args[append_at] if len(args) > append_at else False)
+        kept = recorded["filters"]
+        if append:  # as warnings does it: at the end, unless it is there already
+            if warnings.filters[-1] not in kept:
+                kept.append(warnings.filters[-1])
+            return
+        item = warnings.filters[0]  # at the front, moved there if it was there already
+        if item in kept:
+            kept.remove(item)
+        kept.insert(0, item)
+
+    wrapper.__name__ = add_filter.__name__
+    wrapper.__qualname__ = add_filter.__qualname__
+    wrapper.__doc__ = add_filter.__doc__
+    wrapper.__wrapped__ = add_filter
+    wrapper._kernel_pool_kept_at_import = True
+    return wrapper
+
+
+def _importing():
+    """Whether an import is running below the caller (importlib's frames are on the stack)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _restore_warnings():
+    recorded = _settings["warnings"]
+    filters = recorded["list"]
+    if warnings.filters is not filters:
+        warnings.filters = filters
+    if filters != recorded["filters"]:
+        filters[:] = recorded["filters"]
+    for name in ("defaultaction", "showwarning", "formatwarning"):
+        if getattr(warnings, name) is not recorded[name]:
+            setattr(warnings, name, recorded[name])
+    warnings.onceregistry.clear()
+    # forget which warnings were already shown: the next request sees its own, as in a fresh
+    # interpreter (every module's registry is invalidated by this version bump)
+    mutated = getattr(warnings, "_filters_mutated", None)
+    if mutated is not None:
+        mutated()
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+
+def _capture_logging():
+    logging = sys.modules.get("logging")
+    if logging is None:
+        _settings["logging"] = None
+        return
+    root = logging.getLogger()
+    _settings["logging"] = {
+        "level": root.level,
+        "handlers": list(root.handlers),
+        "filters": list(root.filters),
+        "disabled": root.disabled,
+        "disable": root.manager.disable,
+        "captured warnings": getattr(logging, "_warnings_showwarning", None),
+    }
+
+
+def _restore_logging():
+    recorded = _settings["logging"]
+    logging = sys.modules.get("logging")
+    if recorded is None or logging is None:
+        return
+    root = logging.getLogger()
+    if root.handlers != recorded["handlers"]:
+        for handler in root.handlers:
+            if handler not in recorded["handlers"]:
+                with contextlib.suppress(Exception):  # a cell's handler, possibly broken
+                    handler.close()
+        root.handlers[:] = recorded["handlers"]
+    if root.filters != recorded["filters"]:
+        root.filters[:] = recorded["filters"]
+    if root.level != recorded["level"]:
+        root.setLevel(recorded["level"])
+    root.disabled = recorded["disabled"]
+    if root.manager.disable != recorded["disable"]:
+        logging.disable(recorded["disable"])
+    if hasattr(logging, "_warnings_showwarning"):
+        logging._warnings_showwarning = recorded["captured warnings"]
+
+
+# -- libraries -------------------------------------------------------------------------------
+
+
+def _capture_decimal(module):
+    context, default = module.getcontext().copy(), module.DefaultContext.copy()
+    return {"context": context, "default": default, "reprs": (repr(context), repr(default))}
+
+
+def _restore_decimal(module, recorded):
+    context_repr, default_repr = recorded["reprs"]
+    if repr(module.getcontext()) != context_repr:
+        module.setcontext(recorded["context"].copy())
+    default = module.DefaultContext
+    if repr(default) != default_repr:
+        for field in ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"):
+            setattr(default, field, getattr(recorded["default"], field))
+        default.traps = dict(recorded["default"].traps)
+        default.flags = dict(recorded["default"].flags)
+
+
+def _capture_numpy(module):
+    return {
+        "print": module.get_printoptions(),
+        "errors": module.geterr(),
+        "error call": module.geterrcall(),
+    }
+
+
+def _restore_numpy(module, recorded):
+    if module.get_printoptions() != recorded["print"]:
+        module.set_printoptions(**recorded["print"])
+    if module.geterr() != recorded["errors"]:
+        module.seterr(**recorded["errors"])
+    if module.geterrcall() is not recorded["error call"]:
+        module.seterrcall(recorded["error call"])
+
+
+def _capture_pandas(module):
+    config = sys.modules.get("pandas._config.config")
+    if config is None or not isinstance(getattr(config, "_global_config", None), dict):
+        return None
+    return _copy_tree(config._global_config)
+
+
+def _restore_pandas(module, recorded):
+    config = sys.modules["pandas._config.config"]
+    if config._global_config == recorded:
+        return
+    with _quietly():
+        for key, value in _leaves(recorded):
+            if _leaf(config._global_config, key) != value:
+                module.set_option(key, value)
+
+
+def _copy_tree(tree):
+    return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in tree.items()}
+
+
+def _leaves(tree, prefix=""):
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
+
+
+def _leaf(tree, key):
+    for part in key.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
+def _capture_matplotlib(module):
+    return dict(dict.items(module.rcParams))
+
+
+def _restore_matplotlib(module, recorded):
+    params = module.rcParams
+    for key in _RC_NOT_RESTORED:
+        if dict.__contains__(params, key):
+            recorded[key] = dict.__getitem__(params, key)
+    if dict.__eq__(params, recorded):
+        return
+    with _quietly():
+        for key, value in recorded.items():
+            if not dict.__contains__(params, key) or dict.__getitem__(params, key) != value:
+                params[key] = value
+
+
+@contextlib.contextmanager
+def _quietly():
+    """Setting a deprecated option warns: that is not the next request's output."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+_LIBRARIES = {
+    "decimal": (_capture_decimal, _restore_decimal),
+    "numpy": (_capture_numpy, _restore_numpy),
+    "pandas": (_capture_pandas, _restore_pandas),
+    "matplotlib": (_capture_matplotlib, _restore_matplotlib),
+}
+_IN_CONTEXT = frozenset({"decimal", "numpy"})  # settings kept in context variables
+
+
+def _reseed_numpy():
+    """Reseed numpy's global generator from the OS, if it was used since the last time.
+
+    Reseeding costs about 0.1 ms, so the generator's state (2.5 KB, read through its
+    documented ctypes address) is compared with what it was after the last reseed.
+    """
+    mtrand = sys.modules.get("numpy.random.mtrand")
+    generator = getattr(mtrand, "_rand", None)
+    if generator is None:
+        return
+    ctypes = sys.modules.get("ctypes") or _optional("ctypes")
+    try:
+        address = generator._bit_generator.ctypes.state_address
+        state = ctypes.string_at(address, _MT19937_STATE_BYTES)
+        if _settings.get("numpy generator") == (generator, state):
+            return
+        generator.seed()
+        _settings["numpy generator"] = (generator, ctypes.string_at(address, _MT19937_STATE_BYTES))
+    except Exception:  # another bit generator, or no ctypes: reseed every time
+        generator.seed()
+
+
+def _record_library(name, capture, module):
+    try:
+        state = capture(module)
+    except Exception:  # a version whose API differs: its settings are not looked after
+        state = None
+    if state is not None:
+        _library_state[name] = state
+
+
+def _restore_libraries(problems, *, in_context):
+    for name, recorded in _library_state.items():
+        module = sys.modules.get(name)
+        if module is None or (name in _IN_CONTEXT) != in_context:
+            continue
+        try:
+            _LIBRARIES[name][1](module, recorded)
+        except Exception as exc:
+            problems.append(f"cannot restore {name}'s settings: {type(exc).__name__}: {exc}")
+
+
+class _RecordAfterImport:
+    """Meta path finder: records a watched library's settings the moment its import ends."""
+
+    def find_spec(self, name, path=None, target=None):
+        entry = _LIBRARIES.get(name)
+        if entry is None or name in _library_state:
+            return None
+        spec = None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            if finder is self or find is None:
+                continue
+            spec = find(name, path, target)
+            if spec is not None:
+                break
+        loader = getattr(spec, "loader", None)
+        run = getattr(loader, "exec_module", None)
+        if run is None:
+            return spec
+
+        def exec_module(module):
+            del loader.exec_module  # the loader is this import's own: leave it as it was
+            run(module)
+            _record_library(name, entry[0], module)
+
+        with contextlib.suppress(AttributeError, TypeError):  # a loader without attributes
+            loader.exec_module = exec_module
+        return spec
+
+
+def _watch_imports():
+    if not any(isinstance(f, _RecordAfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _RecordAfterImport())

@@ -1,0 +1,284 @@
+"""What a reset puts back beyond names: interpreter switches, signals, process settings,
+warnings, logging, and the options of numpy, pandas and matplotlib (real kernels).
+
+Each case runs a cell that changes something as a lease's last cell, then reads it back in
+the next lease on the same kernel: it must read as it did before (a fresh interpreter's
+value), and the kernel must have been reused, not replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kernel_pool import Pool, PoolConfig
+
+from .conftest import alive
+from .test_pool import assert_reset_path, run, settle
+
+
+@dataclass(frozen=True)
+class Case:
+    change: str
+    probe: str  # prints what the change changed
+
+
+CASES = {
+    "warnings filter": Case(
+        "import warnings; warnings.simplefilter('error')",
+        "import warnings; warnings.warn('careful'); print('went on')",
+    ),
+    "warnings display": Case(
+        "import warnings; warnings.showwarning = lambda *a, **k: print('swallowed')",
+        "import warnings; print(warnings.showwarning.__module__)",
+    ),
+    "logging basicConfig": Case(
+        "import logging; logging.basicConfig(level=logging.DEBUG)",
+        "import logging; print(logging.root.handlers, logging.root.level)",
+    ),
+    "logging disable": Case(
+        "import logging; logging.disable(logging.CRITICAL)",
+        "import logging; print(logging.root.manager.disable)",
+    ),
+    "recursion limit": Case(
+        "import sys; sys.setrecursionlimit(60)", "import sys; print(sys.getrecursionlimit())"
+    ),
+    "trace function": Case(
+        "import sys, threading; sys.settrace(lambda *a: None)\nthreading.settrace(lambda *a: None)",
+        "import sys, threading; print(sys.gettrace(), threading.gettrace())",
+    ),
+    "garbage collector": Case(
+        "import gc; gc.disable(); gc.set_threshold(5, 5, 5)",
+        "import gc; print(gc.isenabled(), gc.get_threshold())",
+    ),
+    "switch interval and int digits": Case(
+        "import sys; sys.setswitchinterval(0.5); sys.set_int_max_str_digits(700)",
+        "import sys; print(sys.getswitchinterval(), sys.get_int_max_str_digits())",
+    ),
+    "signal handler": Case(
+        "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: None)",
+        "import signal; print(signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGUSR1))",
+    ),
+    "alarm left running": Case(
+        "import signal; signal.setitimer(signal.ITIMER_REAL, 60)",
+        "import signal; print(signal.getitimer(signal.ITIMER_REAL))",
+    ),
+    "blocked signals": Case(
+        "import signal; signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})",
+        "import signal; print(signal.pthread_sigmask(signal.SIG_BLOCK, []))",
+    ),
+    "umask": Case(
+        "import os; os.umask(0o077)", "import os; m = os.umask(0o022); os.umask(m); print(m)"
+    ),
+    "open-files soft limit": Case(
+        "import resource; soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 4096) - 1, hard))",
+        "import resource; print(resource.getrlimit(resource.RLIMIT_NOFILE))",
+    ),
+    "cpu affinity": Case(
+        "import os; os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})",
+        "import os; print(os.sched_getaffinity(0))",
+    ),
+    "time zone": Case(
+        "import os, time; os.environ['TZ'] = 'Asia/Tokyo'; time.tzset()",
+        "import time; print(time.tzname, time.timezone)",
+    ),
+    "locale": Case(
+        "import locale; locale.setlocale(locale.LC_NUMERIC, 'C.UTF-8')",
+        "import locale; print(locale.setlocale(locale.LC_ALL))",
+    ),
+    "socket timeout": Case(
+        "import socket; socket.setdefaulttimeout(1.5)",
+        "import socket; print(socket.getdefaulttimeout())",
+    ),
+    "decimal context": Case(
+        "import decimal; decimal.getcontext().prec = 5; decimal.Decimal(1) / 3",
+        "import decimal; print(decimal.getcontext())",
+    ),
+    "argv and hooks": Case(
+        "import sys, threading; sys.argv = ['cell']; sys.unraisablehook = print\n"
+        "threading.excepthook = print",
+        "import sys, threading; print(sys.argv, sys.unraisablehook, threading.excepthook)",
+    ),
+}
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    p = Pool(PoolConfig(size=1))
+    await p.start()
+    pids = set(p.kernel_pids().values())
+    yield p
+    pids |= set(p.kernel_pids().values())
+    await p.aclose()
+    assert not [pid for pid in pids if alive(pid)], "kernel processes outlived the pool"
+
+
+async def change_then_probe(pool: Pool, change: str, probe: str, *, last: bool = True) -> str:
+    """Run ``change`` as a lease's cell, then ``probe`` in the next lease, on the same kernel."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, change, last=last)
+    await settle(pool, idle=1)
+    assert_reset_path(pool, last)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first, "the kernel was replaced, not reset"
+        return await run(lease, probe)
+
+
+async def probe_once(pool: Pool, probe: str) -> str:
+    async with pool.lease() as lease:
+        return await run(lease, probe)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> None:
+    case = CASES[name]
+    before = await probe_once(pool, case.probe)
+    after = await change_then_probe(pool, case.change, case.probe)
+    assert after == before
+
+
+@pytest.mark.parametrize("name", ["warnings filter", "recursion limit", "decimal context"])
+async def test_the_full_reset_puts_them_back_too(pool: Pool, name: str) -> None:
+    """The reset that runs as an execution of its own (not the last cell's) does the same."""
+    case = CASES[name]
+    before = await probe_once(pool, case.probe)
+    assert pool.stats().inline_resets == 0
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, case.change)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, case.probe) == before
+
+
+async def test_a_warning_is_shown_again_in_the_next_request(pool: Pool, tmp_path: Path) -> None:
+    """A fresh interpreter shows a library's warning once per process: once per request here."""
+    (tmp_path / "noisy_lib.py").write_text(
+        "import warnings\ndef work():\n    warnings.warn('noisy library', UserWarning)\n"
+    )
+    cell = f"import sys; sys.path.insert(0, {str(tmp_path)!r}); import noisy_lib; noisy_lib.work()"
+    for _ in range(2):
+        async with pool.lease() as lease:
+            assert "noisy library" in await run(lease, cell, last=True)
+        await settle(pool, idle=1)
+
+
+async def test_filters_a_module_adds_as_it_is_imported_stay(pool: Pool, tmp_path: Path) -> None:
+    (tmp_path / "filtering_lib.py").write_text(
+        "import warnings\nwarnings.filterwarnings('ignore', message='import-time filter')\n"
+    )
+    probe = (
+        "import warnings\nprint([(f[0], getattr(f[1], 'pattern', None)) for f in warnings.filters])"
+    )
+    before = await probe_once(pool, probe)
+    assert before.startswith("[(") and "import-time filter" not in before
+    change = (
+        f"import sys, warnings; sys.path.insert(0, {str(tmp_path)!r}); import filtering_lib\n"
+        "warnings.filterwarnings('error', message='set by the cell')"
+    )
+    after = await change_then_probe(pool, change, probe)
+    assert after == "[('ignore', 'import-time filter'), " + before[1:]
+    async with pool.lease() as lease:
+        out = await run(lease, (
+            "import warnings\n"
+            "warnings.warn('import-time filter'); warnings.warn('set by the cell'); print('ok')"
+        ))  # fmt: skip
+    assert "UserWarning: import-time filter" not in out  # the module's filter holds
+    assert "UserWarning: set by the cell" in out and "ok\n" in out  # the cell's is gone
+
+
+async def test_a_library_imported_and_changed_in_one_cell_is_put_back(pool: Pool) -> None:
+    """Settings are recorded as the library's import ends, before the cell changes them."""
+    import matplotlib
+    import numpy
+    import pandas
+
+    change = (
+        "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
+        "np.set_printoptions(precision=2); np.seterr(all='raise')\n"
+        "pd.set_option('display.max_rows', 5)\n"
+        "plt.style.use('dark_background'); plt.rcParams['lines.linewidth'] = 9\n"
+    )
+    probe = (
+        "import numpy as np, pandas as pd, matplotlib.pyplot as plt\n"
+        "print(np.get_printoptions()['precision'], np.geterr()['divide'],\n"
+        "      pd.get_option('display.max_rows'), plt.rcParams['figure.facecolor'],\n"
+        "      plt.rcParams['lines.linewidth'])\n"
+    )
+    after = await change_then_probe(pool, change, probe)
+    defaults = (
+        numpy.get_printoptions()["precision"],
+        numpy.geterr()["divide"],
+        pandas.get_option("display.max_rows"),
+        matplotlib.rcParamsDefault["figure.facecolor"],
+        matplotlib.rcParamsDefault["lines.linewidth"],
+    )
+    assert after == " ".join(str(value) for value in defaults) + "\n"
+
+
+async def test_seeded_generators_are_reseeded(pool: Pool) -> None:
+    import numpy
+
+    change = "import random, numpy as np; random.seed(0); np.random.seed(0)"
+    probe = "import random, numpy as np; print(random.random(), np.random.random())"
+    after = await change_then_probe(pool, change, probe)
+    seeded = f"{random.Random(0).random()} {numpy.random.RandomState(0).random_sample()}\n"
+    assert after != seeded
+    assert str(random.Random(0).random()) not in after
+
+
+async def test_lowered_priority_is_undone_or_the_kernel_replaced(pool: Pool) -> None:
+    """Only a privileged kernel can raise its priority again; otherwise it is retired."""
+    probe = "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"
+    before = await probe_once(pool, probe)
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "import os; os.nice(5)", last=True)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert await run(lease, probe) == before
+        replaced = lease.kernel_id != first
+    assert replaced == (os.geteuid() != 0)
+    assert pool.stats().retirements["failed_reset"] == int(replaced)
+
+
+async def test_a_timer_a_cell_left_does_not_fire_in_a_later_request(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "import signal\n"
+            "signal.signal(signal.SIGALRM, signal.SIG_DFL)\n"  # the default action ends a process
+            "signal.setitimer(signal.ITIMER_REAL, 0.3)\n"
+        ), last=True)  # fmt: skip
+    await settle(pool, idle=1)
+    await asyncio.sleep(0.6)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, "print('alive')") == "alive\n"
+
+
+def test_the_cases_change_what_they_probe_here() -> None:
+    """Sanity of the table: each change alters its probe's answer in a plain interpreter."""
+    for name, case in CASES.items():
+        if name == "cpu affinity" and len(os.sched_getaffinity(0)) < 2:
+            continue
+        script = f"{case.probe}\n{case.change}\n{case.probe}\n"
+        out = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, timeout=30
+        )
+        lines = out.stdout.splitlines()
+        assert out.returncode == 0 or name == "warnings filter", (name, out.stderr)
+        if name != "warnings filter":
+            assert len(lines) == 2 and lines[0] != lines[1], (name, out.stdout, out.stderr)
