@@ -17,12 +17,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kernel_pool import Pool, PoolConfig
 
-from .conftest import alive
+from .conftest import WorkerProcess, alive
 from .test_pool import assert_reset_path, run, settle
+from .wire import run_ok
 
 
 @dataclass(frozen=True)
@@ -282,3 +284,24 @@ def test_the_cases_change_what_they_probe_here() -> None:
         assert out.returncode == 0 or name == "warnings filter", (name, out.stderr)
         if name != "warnings filter":
             assert len(lines) == 2 and lines[0] != lines[1], (name, out.stdout, out.stderr)
+
+
+def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: WorkerProcess) -> None:
+    """Through the worker (one kernel): a cell's warning filter, recursion limit and pandas
+    option are gone in the next request, whose warning is shown and whose cell runs."""
+    with httpx.Client(base_url=solo_worker.url, timeout=120) as client:
+        run_ok(client, (
+            "import sys, warnings, pandas as pd\n"
+            "warnings.simplefilter('error'); sys.setrecursionlimit(80)\n"
+            "pd.set_option('display.max_rows', 3)\n"
+        ))  # fmt: skip
+        bundle = run_ok(client, (
+            "import sys, warnings, pandas as pd\n"
+            "warnings.warn('careful')\n"
+            "limit, rows = sys.getrecursionlimit(), pd.get_option('display.max_rows')\n"
+        ))  # fmt: skip
+    assert "UserWarning: careful" in bundle.stderr()
+    assert bundle.variables["limit"]["preview"] == sys.getrecursionlimit()
+    import pandas
+
+    assert bundle.variables["rows"]["preview"] == pandas.get_option("display.max_rows")
