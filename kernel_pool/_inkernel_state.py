@@ -91,10 +91,15 @@ def capture_settings():
 
 
 def _signal_handlers():
-    """Handlers set from Python (None where C code set one: it cannot be read or put back)."""
+    """Handlers set from Python (None where C code set one: it cannot be read or put back).
+
+    Not SIGINT's: ipykernel installs its interrupting handler around every execution and puts
+    its own back after it (it ignores SIGINT while idle), so a cell's handler never outlives
+    the execution, and the one seen now, during one, is not the one an idle kernel needs.
+    """
     handlers = {}
     for signum in signal.valid_signals():
-        if signum in (signal.SIGKILL, signal.SIGSTOP):
+        if signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT):
             continue
         with contextlib.suppress(OSError, ValueError):
             handlers[signum] = _signal.getsignal(signum)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -305,3 +306,18 @@ def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: Worker
     import pandas
 
     assert bundle.variables["rows"]["preview"] == pandas.get_option("display.max_rows")
+
+
+async def test_an_idle_kernel_still_ignores_sigint_after_a_reset(pool: Pool) -> None:
+    """ipykernel ignores SIGINT between executions: a reset (recorded during an execution,
+    where SIGINT interrupts) must not leave the interrupting handler installed while idle."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "x = 1", last=True)
+    await settle(pool, idle=1)
+    os.kill(pool.kernel_pids()[first], signal.SIGINT)
+    await asyncio.sleep(0.3)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, "print('still here')") == "still here\n"
+    assert pool.stats().retirements["died"] == 0
