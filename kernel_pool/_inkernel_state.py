@@ -17,6 +17,7 @@ imported stay: the library stays imported and would not add them again.
 import _signal
 import contextlib
 import gc
+import operator
 import os
 import random
 import signal
@@ -29,6 +30,11 @@ _settings = {}
 _library_state = {}  # module name -> its recorded settings
 _REAL_TIMER_SIGNALS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
 _MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
+# the limits a cell could lower or raise to effect in a later request (the others are unused
+# by ordinary processes): one system call each per reset
+_RLIMITS = ("CPU", "FSIZE", "DATA", "STACK", "CORE", "NOFILE", "AS", "NPROC", "MEMLOCK")
+# a kernel may run an older Python than the worker's: no zip(strict=), operator.call maybe
+_call = getattr(operator, "call", lambda function: function())  # Python 3.11+
 _RC_NOT_RESTORED = ("backend", "backend_fallback", "interactive")  # the kernel's own choice
 
 
@@ -70,8 +76,10 @@ def _set_thread_excepthook(hook):
 def capture_settings():
     """Record the current settings as the baseline (call with the rest of the baseline)."""
     _settings.clear()
-    _settings["interpreter"] = [(n, g, s, g()) for n, g, s in _interpreter_settings()]
-    _settings["signals"] = _signal_handlers()
+    names, getters, setters = zip(*_interpreter_settings())  # noqa: B905
+    _settings["interpreter"] = (names, getters, setters, list(map(_call, getters)))
+    handlers = _signal_handlers()
+    _settings["signals"] = (tuple(handlers), list(handlers.values()))
     _settings["signal mask"] = signal.pthread_sigmask(signal.SIG_BLOCK, ())
     _settings["umask"] = _umask()
     _settings["rlimits"] = _rlimits()
@@ -91,7 +99,7 @@ def capture_settings():
 
 
 def _signal_handlers():
-    """Handlers set from Python (None where C code set one: it cannot be read or put back).
+    """Handlers set from Python (not where C code set one: it cannot be read or put back).
 
     Not SIGINT's: ipykernel installs its interrupting handler around every execution and puts
     its own back after it (it ignores SIGINT while idle), so a cell's handler never outlives
@@ -102,7 +110,9 @@ def _signal_handlers():
         if signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT):
             continue
         with contextlib.suppress(OSError, ValueError):
-            handlers[signum] = _signal.getsignal(signum)
+            handler = _signal.getsignal(signum)
+            if handler is not None:
+                handlers[signum] = handler
     return handlers
 
 
@@ -113,15 +123,15 @@ def _umask():
 
 
 def _rlimits():
-    """``{resource number: (name, limits)}`` for every limit this platform has."""
+    """``(resource module, limit numbers, their names, their values)``."""
     resource = _optional("resource")
     limits = {}
-    for name in dir(resource) if resource is not None else ():
-        which = getattr(resource, name)
-        if name.startswith("RLIMIT_"):
+    for name in _RLIMITS if resource is not None else ():
+        which = getattr(resource, f"RLIMIT_{name}", None)
+        if which is not None:
             with contextlib.suppress(OSError, ValueError):
                 limits[which] = (name, resource.getrlimit(which))
-    return resource, limits
+    return resource, tuple(limits), [limits[w][0] for w in limits], [limits[w][1] for w in limits]
 
 
 def _priority():
@@ -163,12 +173,15 @@ def restore_settings(problems):
     """
     if not _settings:
         return
-    for name, get, set_, value in _settings["interpreter"]:
-        try:
-            if get() != value:
-                set_(value)
-        except Exception as exc:
-            problems.append(f"cannot restore the {name}: {type(exc).__name__}")
+    names, getters, setters, values = _settings["interpreter"]
+    current = list(map(_call, getters))  # compared in C: the loop below runs on a change only
+    if current != values:
+        for name, now, set_, value in zip(names, current, setters, values):  # noqa: B905
+            try:
+                if now != value:
+                    set_(value)
+            except Exception as exc:
+                problems.append(f"cannot restore the {name}: {type(exc).__name__}")
     argv, items = _settings["argv"]
     if sys.argv is not argv or argv != items:
         argv[:] = items
@@ -195,14 +208,15 @@ def restore_context_settings(problems):
 
 
 def _restore_signals(problems):
-    for signum, handler in _settings["signals"].items():
-        if handler is None:
-            continue
-        try:
-            if _signal.getsignal(signum) != handler:
-                signal.signal(signum, handler)
-        except (OSError, ValueError, TypeError) as exc:
-            problems.append(f"cannot restore the handler of signal {signum}: {exc}")
+    signums, handlers = _settings["signals"]
+    current = list(map(_signal.getsignal, signums))
+    if current != handlers:
+        for signum, now, handler in zip(signums, current, handlers):  # noqa: B905
+            try:
+                if now != handler:
+                    signal.signal(signum, handler)
+            except (OSError, ValueError, TypeError) as exc:
+                problems.append(f"cannot restore the handler of signal {signum}: {exc}")
     for name in _REAL_TIMER_SIGNALS:  # a timer left running would signal another request
         which = getattr(signal, name, None)
         if which is not None and signal.getitimer(which) != (0.0, 0.0):
@@ -213,15 +227,15 @@ def _restore_signals(problems):
 def _restore_process(problems):
     umask = _settings["umask"]
     os.umask(umask)
-    resource, limits = _settings["rlimits"]
-    for which, (name, wanted) in limits.items():
-        current = resource.getrlimit(which)
-        if current == wanted:
+    resource, which, names, limits = _settings["rlimits"]
+    current = list(map(resource.getrlimit, which)) if resource is not None else limits
+    for number, name, now, wanted in zip(which, names, current, limits):  # noqa: B905
+        if now == wanted:
             continue
         try:
-            resource.setrlimit(which, wanted)
+            resource.setrlimit(number, wanted)
         except (OSError, ValueError):
-            problems.append(f"a cell lowered {name} for good (to {current}, from {wanted})")
+            problems.append(f"a cell lowered RLIMIT_{name} for good (to {now}, from {wanted})")
     priority = _settings["priority"]
     if priority is not None and _priority() != priority:
         try:
@@ -331,7 +345,7 @@ def _capture_logging():
     if logging is None:
         _settings["logging"] = None
         return
-    root = logging.getLogger()
+    root = logging.root
     _settings["logging"] = {
         "level": root.level,
         "handlers": list(root.handlers),
@@ -347,7 +361,7 @@ def _restore_logging():
     logging = sys.modules.get("logging")
     if recorded is None or logging is None:
         return
-    root = logging.getLogger()
+    root = logging.root
     if root.handlers != recorded["handlers"]:
         for handler in root.handlers:
             if handler not in recorded["handlers"]:
