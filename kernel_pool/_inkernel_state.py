@@ -90,6 +90,8 @@ def capture_settings():
     _settings["argv"] = (sys.argv, list(sys.argv))
     _capture_warnings()
     _capture_logging()
+    _capture_shell()
+    _settings["stdlib"] = _stdlib_settings()
     _library_state.clear()
     for name, (capture, _restore) in _LIBRARIES.items():
         module = sys.modules.get(name)
@@ -191,6 +193,8 @@ def restore_settings(problems):
     _restore_libraries(problems, in_context=False)
     _restore_logging()
     _restore_warnings()
+    _restore_shell()
+    _restore_stdlib()
     # a cell's seed must not make the next request's random numbers predictable (128 bits
     # from the OS: a third of the cost of the default seeding's 2.5 KB)
     random.seed(int.from_bytes(os.urandom(16), "big"))
@@ -335,6 +339,101 @@ def _restore_warnings():
     mutated = getattr(warnings, "_filters_mutated", None)
     if mutated is not None:
         mutated()
+
+
+# -- IPython and other stdlib modules ------------------------------------------------------
+
+
+def _capture_shell():
+    """The shell's switches a magic flips: ``%xmode``, ``%precision``, ``%pprint``,
+    ``%autocall``, and the names it hides."""
+    shell = _ipython_shell()
+    if shell is None:
+        _settings["shell"] = None
+        return
+    plain = shell.display_formatter.formatters.get("text/plain")
+    _settings["shell"] = {
+        "xmode": shell.InteractiveTB.mode,
+        "precision": getattr(plain, "float_precision", None),
+        "pprint": getattr(plain, "pprint", None),
+        "autocall": shell.autocall,
+        "hidden": frozenset(shell.user_ns_hidden),
+    }
+    backend = _inline_backend()
+    _settings["inline backend"] = _inline_backend_settings(backend) if backend else None
+
+
+def _ipython_shell():
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
+
+
+def _restore_shell():
+    recorded = _settings["shell"]
+    shell = _ipython_shell() if recorded is not None else None
+    if shell is None:
+        return
+    if shell.InteractiveTB.mode != recorded["xmode"]:
+        shell.InteractiveTB.set_mode(mode=recorded["xmode"])
+    plain = shell.display_formatter.formatters.get("text/plain")
+    if recorded["precision"] is not None and plain.float_precision != recorded["precision"]:
+        plain.float_precision = recorded["precision"]  # its observer resets float_format
+    if recorded["pprint"] is not None and plain.pprint != recorded["pprint"]:
+        plain.pprint = recorded["pprint"]
+    if shell.autocall != recorded["autocall"]:
+        shell.autocall = recorded["autocall"]
+    _restore_inline_backend()
+    hidden = shell.user_ns_hidden
+    if len(hidden) != len(recorded["hidden"]):  # (with the numbered ones each cell adds)
+        for name in [name for name in hidden if name not in recorded["hidden"]]:
+            del hidden[name]
+
+
+def _inline_backend():
+    """matplotlib's inline backend configuration (``%config InlineBackend...``), once made."""
+    config = sys.modules.get("matplotlib_inline.config")
+    backend = getattr(config, "InlineBackend", None)
+    return backend.instance() if backend is not None and backend.initialized() else None
+
+
+def _inline_backend_settings(backend):
+    return {name: getattr(backend, name) for name in backend.trait_names(config=True)}
+
+
+def _restore_inline_backend():
+    """Figure formats and print options back; setting them makes the backend choose its
+    printers again. It is made when a cell first draws: its settings are recorded then."""
+    backend = _inline_backend()
+    if backend is None:
+        return
+    recorded = _settings.get("inline backend")
+    if recorded is None:
+        _settings["inline backend"] = _inline_backend_settings(backend)
+        return
+    for name, value in recorded.items():
+        if getattr(backend, name) != value:
+            setattr(backend, name, value)
+
+
+def _stdlib_settings():
+    """Module-level switches of stdlib modules a cell may have set, where imported."""
+    tempfile = sys.modules.get("tempfile")
+    return {
+        "tempdir": getattr(tempfile, "tempdir", None),
+        "stack size": threading.stack_size(),
+    }
+
+
+def _restore_stdlib():
+    recorded = _settings["stdlib"]
+    tempfile = sys.modules.get("tempfile")
+    if tempfile is not None and tempfile.tempdir != recorded["tempdir"]:
+        tempfile.tempdir = recorded["tempdir"]
+    if threading.stack_size() != recorded["stack size"]:
+        threading.stack_size(recorded["stack size"])
+    faulthandler = sys.modules.get("faulthandler")
+    if faulthandler is not None:  # a traceback dump (and exit) timed to land in a later request
+        faulthandler.cancel_dump_traceback_later()
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -107,10 +107,41 @@ CASES = {
         "import decimal; decimal.getcontext().prec = 5; decimal.Decimal(1) / 3",
         "import decimal; print(decimal.getcontext())",
     ),
+    "temporary directory and thread stack size": Case(
+        "import tempfile, threading; tempfile.tempdir = '/nonexistent'\n"
+        "threading.stack_size(512 * 1024)",
+        "import tempfile, threading; print(tempfile.gettempdir(), threading.stack_size())",
+    ),
     "argv and hooks": Case(
         "import sys, threading; sys.argv = ['cell']; sys.unraisablehook = print\n"
         "threading.excepthook = print",
         "import sys, threading; print(sys.argv, sys.unraisablehook, threading.excepthook)",
+    ),
+}
+
+SHELL_CASES = {  # IPython's own switches (the magics that flip them)
+    "traceback mode": Case(
+        "get_ipython().run_line_magic('xmode', 'Verbose')",
+        "print(get_ipython().InteractiveTB.mode)",
+    ),
+    "float precision": Case(
+        "get_ipython().run_line_magic('precision', '2')",
+        "print(get_ipython().display_formatter.formatters['text/plain'].float_format)",
+    ),
+    "autocall": Case(
+        "get_ipython().run_line_magic('autocall', '1')", "print(get_ipython().autocall)"
+    ),
+    "hidden names": Case(
+        "get_ipython().user_ns_hidden['extra'] = 1",
+        "print(sorted(k for k in get_ipython().user_ns_hidden if not k.lstrip('_i').isdigit()))",
+    ),
+    "inline figure formats": Case(
+        "get_ipython().run_line_magic('config', \"InlineBackend.figure_formats = ['svg']\")",
+        "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
+        "plt.plot([1, 2]); plt.show()\n"  # the backend configures itself on the first figure
+        "printers = get_ipython().display_formatter.formatters\n"
+        "print(Figure in printers['image/png'].type_printers,\n"
+        "      Figure in printers['image/svg+xml'].type_printers)",
     ),
 }
 
@@ -149,6 +180,16 @@ async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> Non
     before = await probe_once(pool, case.probe)
     after = await change_then_probe(pool, case.change, case.probe)
     assert after == before
+
+
+@pytest.mark.parametrize("name", list(SHELL_CASES))
+async def test_reset_puts_back_the_shells_switches(pool: Pool, name: str) -> None:
+    case = SHELL_CASES[name]
+    before = await probe_once(pool, case.probe)
+    after = await change_then_probe(pool, case.change, case.probe)
+    assert after == before
+    changed = await probe_once(pool, f"{case.change}\n{case.probe}")
+    assert changed != before  # the change does change what the probe reads
 
 
 @pytest.mark.parametrize("name", ["warnings filter", "recursion limit", "decimal context"])
@@ -306,6 +347,19 @@ def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: Worker
     import pandas
 
     assert bundle.variables["rows"]["preview"] == pandas.get_option("display.max_rows")
+
+
+async def test_a_traceback_dump_a_cell_timed_does_not_end_a_later_request(pool: Pool) -> None:
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, (
+            "import faulthandler, os\n"
+            "faulthandler.dump_traceback_later(0.3, exit=True, file=open(os.devnull, 'w'))\n"
+        ))  # fmt: skip
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == first
+        assert await run(lease, "import time; time.sleep(0.6); print('alive')") == "alive\n"
 
 
 async def test_an_idle_kernel_still_ignores_sigint_after_a_reset(pool: Pool) -> None:
