@@ -21,7 +21,6 @@ import builtins
 import contextlib
 import gc
 import itertools
-import operator
 import os
 import sys
 import threading
@@ -32,7 +31,13 @@ _MISSING = object()
 # modules whose attributes a cell might monkeypatch and that everything else relies on
 _GUARDED_MODULES = ("builtins", "json", "pickle", "copyreg", "os", "os.path", "io", "pathlib")
 _SYS_HOOKS = (
-    "stdin", "stdout", "stderr", "displayhook", "excepthook", "breakpointhook", "unraisablehook"
+    "stdin",
+    "stdout",
+    "stderr",
+    "displayhook",
+    "excepthook",
+    "breakpointhook",
+    "unraisablehook",
 )
 RESET_MSG_TYPE = "kernel_pool_reset"
 RESET_TOPIC = b"kernel_pool.reset"
@@ -263,14 +268,22 @@ def _save_fds():
 
 class _Snapshot:
     """A dict's keys and values at baseline, to tell cheaply (in C) whether it still holds
-    exactly them: same objects (``is``, never ``==``, which a cell's object could fake)."""
+    exactly them: the same objects, not merely equal ones, which a cell's object could be.
 
-    __slots__ = ("items", "keys", "values")
+    C compares the whole list of values at once with ``==``, which checks identity first and
+    then equality. Where equality is identity (functions, classes, modules) or equal values
+    are interchangeable (strings, numbers, bytes), that is the same answer; the few values
+    whose equality means something else (a mapping such as ``os.environ``: a cell could put
+    an equal dict in its place) are also checked one by one, by identity.
+    """
+
+    __slots__ = ("by_identity", "items", "keys", "values")
 
     def __init__(self, mapping):
         self.items = dict(mapping)
-        self.keys = tuple(self.items)
-        self.values = tuple(self.items.values())
+        self.keys = list(self.items)
+        self.values = list(self.items.values())
+        self.by_identity = [(k, v) for k, v in self.items.items() if not _equal_is_same(v)]
 
     def unchanged(self, current, *, exact):
         """``current`` starts with the baseline entries, same objects, in the same order
@@ -278,9 +291,34 @@ class _Snapshot:
         count = len(self.keys)
         if len(current) < count or (exact and len(current) != count):
             return False
-        return all(map(operator.is_, itertools.islice(current, count), self.keys)) and all(
-            map(operator.is_, itertools.islice(current.values(), count), self.values)
+        prefix = itertools.islice
+        return (
+            list(prefix(current.values(), count)) == self.values
+            and list(prefix(current, count)) == self.keys
+            and all(current.get(key) is value for key, value in self.by_identity)
         )
+
+
+# equal ones are interchangeable; builtin functions are equal when they are the same C
+# function bound to the same object
+_INTERCHANGEABLE = (
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type(None),
+    type(Ellipsis),
+    type(len),
+    type([].append),
+)
+
+
+def _equal_is_same(value):
+    """Whether ``== value`` can only be true of ``value`` or of an interchangeable twin."""
+    kind = type(value)
+    return kind in _INTERCHANGEABLE or kind.__eq__ is object.__eq__
 
 
 def _environ_data():

@@ -108,7 +108,7 @@ def _signal_handlers():
     the execution, and the one seen now, during one, is not the one an idle kernel needs.
     """
     handlers = {}
-    for signum in signal.valid_signals():
+    for signum in signal.Signals:  # the named ones (not the 30 real-time signals)
         if signum in (signal.SIGKILL, signal.SIGSTOP, signal.SIGINT):
             continue
         with contextlib.suppress(OSError, ValueError):

@@ -112,6 +112,9 @@ CASES = {
         "threading.stack_size(512 * 1024)",
         "import tempfile, threading; print(tempfile.gettempdir(), threading.stack_size())",
     ),
+    "an equal stand-in for os.environ": Case(
+        "import os; os.environ = dict(os.environ)", "import os; print(type(os.environ).__name__)"
+    ),
     "argv and hooks": Case(
         "import sys, threading; sys.argv = ['cell']; sys.unraisablehook = print\n"
         "threading.excepthook = print",
