@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import stat
@@ -78,15 +79,23 @@ async def assert_replaced(pool: Pool, first: str, child: int | None = None) -> N
         await asyncio.sleep(0.05)
 
 
-@pytest.fixture
-async def pool() -> AsyncIterator[Pool]:
-    p = Pool(PoolConfig(size=1, preload="import json\nmodel = {'weights': [1, 2, 3]}"))
+@contextlib.asynccontextmanager
+async def started(config: PoolConfig) -> AsyncIterator[Pool]:
+    """A started pool; afterwards closed, with none of its kernel processes left alive."""
+    p = Pool(config)
     await p.start()
     pids = set(p.kernel_pids().values())
     yield p
     pids |= set(p.kernel_pids().values())
     await p.aclose()
     assert not [pid for pid in pids if alive(pid)], "kernel processes outlived the pool"
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[Pool]:
+    preload = "import json\nmodel = {'weights': [1, 2, 3]}"
+    async with started(PoolConfig(size=1, preload=preload)) as p:
+        yield p
 
 
 async def test_lease_executes_and_preload_is_warm(pool: Pool) -> None:
