@@ -1,9 +1,9 @@
 """The pool's helper that lives inside every kernel: baseline capture, reset, verification.
 
-This file is never imported by the pool process. Its source, followed by that of
-``_inkernel_state.py`` (the interpreter and library settings a reset restores), is sent to
-each kernel once at start-up and executed there as the module ``_kernel_pool_agent``
-(stdlib only). The pool
+This file is never imported by the pool process. Its source, followed by those of
+``_inkernel_state.py`` and ``_inkernel_modules.py`` (the interpreter, process and module
+settings a reset restores), is sent to each kernel once at start-up and executed there as
+the module ``_kernel_pool_agent`` (stdlib only). The pool
 then calls its functions through ``user_expressions``, so nothing is ever bound in the
 user namespace by the pool itself.
 
@@ -524,7 +524,7 @@ def reset(context_problems=None):
     """
     problems = []
     if context_problems is None:
-        restore_context_settings(problems)  # noqa: F821 (from _inkernel_state.py)
+        restore_context_settings(problems)  # noqa: F821 (from _inkernel_modules.py)
     else:
         problems.extend(context_problems)
     for hook in _reset_hooks:
@@ -573,7 +573,7 @@ def _reset_if_last(result=None):
         # except the few settings held in context variables: a callback gets a copy of the
         # cells' context, so they are restored here, in the cells' own (microseconds)
         problems = []
-        restore_context_settings(problems)  # noqa: F821 (from _inkernel_state.py)
+        restore_context_settings(problems)  # noqa: F821 (from _inkernel_modules.py)
         loop.call_soon(_reset_and_report, shell, parent, problems)
 
 

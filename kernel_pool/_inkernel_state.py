@@ -1,17 +1,13 @@
-"""Interpreter and library settings that a cell can change and that would outlive it.
+"""Interpreter and process settings that a cell can change and that would outlive it.
 
-Shipped into every kernel ahead of ``_inkernel.py``, into the same module (stdlib only).
-:func:`capture_settings` records them with the warm baseline, :func:`restore_settings` puts
-back whatever a cell changed, so that the next request starts as it would in a fresh
-interpreter: warning filters, the root logger, recursion limit, trace and profile functions,
-the garbage collector, signal handlers and timers, umask, resource limits, locale, time zone,
-the default socket timeout, ``decimal``'s context, ``random``'s seed, and the options of
-numpy, pandas and matplotlib.
-
-A library imported after the baseline is recorded as its import finishes (a meta path
-finder watches for it), so a cell that imports matplotlib and then changes its style in the
-same cell is undone as well. Filters that a library adds to ``warnings`` while it is being
-imported stay: the library stays imported and would not add them again.
+Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only), and
+followed by ``_inkernel_modules.py`` (the settings of modules: warnings, logging, IPython,
+numpy, pandas, matplotlib...), which adds its parts to :data:`_PARTS`.
+:func:`capture_settings` records everything with the warm baseline, :func:`restore_settings`
+puts back whatever a cell changed, so that the next request starts as it would in a fresh
+interpreter: recursion limit, trace and profile functions, the garbage collector, switch
+interval, ``sys.argv``, signal handlers, the signal mask and timers, umask, resource limits,
+priority, CPU affinity, locale, time zone and the default socket timeout here.
 """
 
 import _signal
@@ -19,23 +15,20 @@ import contextlib
 import gc
 import operator
 import os
-import random
 import signal
 import sys
 import threading
 import time
-import warnings
 
 _settings = {}
-_library_state = {}  # module name -> its recorded settings
+# (capture(), restore(problems)) of each part of _inkernel_modules.py, in the order they run
+_PARTS = []
 _REAL_TIMER_SIGNALS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
-_MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
 # the limits a cell could lower or raise to effect in a later request (the others are unused
 # by ordinary processes): one system call each per reset
 _RLIMITS = ("CPU", "FSIZE", "DATA", "STACK", "CORE", "NOFILE", "AS", "NPROC", "MEMLOCK")
 # a kernel may run an older Python than the worker's: no zip(strict=), operator.call maybe
 _call = getattr(operator, "call", lambda function: function())  # Python 3.11+
-_RC_NOT_RESTORED = ("backend", "backend_fallback", "interactive")  # the kernel's own choice
 
 
 def _interpreter_settings():
@@ -88,16 +81,8 @@ def capture_settings():
     _settings["locale"] = _locale()
     _settings["time zone"] = (time.tzname, time.timezone, time.altzone, time.daylight)
     _settings["argv"] = (sys.argv, list(sys.argv))
-    _capture_warnings()
-    _capture_logging()
-    _capture_shell()
-    _settings["stdlib"] = _stdlib_settings()
-    _library_state.clear()
-    for name, (capture, _restore) in _LIBRARIES.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            _record_library(name, capture, module)
-    _watch_imports()
+    for capture, _restore in _PARTS:
+        capture()
 
 
 def _signal_handlers():
@@ -190,25 +175,8 @@ def restore_settings(problems):
         sys.argv = argv
     _restore_signals(problems)
     _restore_process(problems)
-    _restore_libraries(problems, in_context=False)
-    _restore_logging()
-    _restore_warnings()
-    _restore_shell()
-    _restore_stdlib()
-    # a cell's seed must not make the next request's random numbers predictable (128 bits
-    # from the OS: a third of the cost of the default seeding's 2.5 KB)
-    random.seed(int.from_bytes(os.urandom(16), "big"))
-    _reseed_numpy()
-
-
-def restore_context_settings(problems):
-    """Put back the settings held in context variables (numpy's options, decimal's context).
-
-    Cells share one context, but a loop callback runs in a copy of it: call this from the
-    cells' own context (a ``post_run_cell`` hook, or an execution), not from a callback.
-    """
-    if _settings:
-        _restore_libraries(problems, in_context=True)
+    for _capture, restore in _PARTS:
+        restore(problems)
 
 
 def _restore_signals(problems):
@@ -262,400 +230,3 @@ def _restore_process(problems):
             problems.append("cannot restore the locale")
     if (time.tzname, time.timezone, time.altzone, time.daylight) != _settings["time zone"]:
         time.tzset()
-
-
-# -- warnings --------------------------------------------------------------------------------
-
-
-def _capture_warnings():
-    _settings["warnings"] = {
-        "list": warnings.filters,
-        "filters": list(warnings.filters),
-        "defaultaction": warnings.defaultaction,
-        "showwarning": warnings.showwarning,
-        "formatwarning": warnings.formatwarning,
-    }
-    for name, append_at in (("filterwarnings", 5), ("simplefilter", 3)):
-        function = getattr(warnings, name)
-        if not getattr(function, "_kernel_pool_kept_at_import", False):
-            setattr(warnings, name, _keeping_import_time_filters(function, append_at))
-
-
-def _keeping_import_time_filters(add_filter, append_at):
-    """``warnings.filterwarnings``/``simplefilter`` that remembers filters added by imports.
-
-    The reset removes every filter a cell added, except those a module adds while it is being
-    imported: it stays imported and would not add them again. ``append_at`` is the position
-    of the ``append`` argument.
-    """
-
-    def wrapper(*args, **kwargs):
-        add_filter(*args, **kwargs)
-        recorded = _settings.get("warnings")
-        if recorded is None or warnings.filters is not recorded["list"] or not _importing():
-            return
-        append = kwargs.get("append", args[append_at] if len(args) > append_at else False)
-        kept = recorded["filters"]
-        if append:  # as warnings does it: at the end, unless it is there already
-            if warnings.filters[-1] not in kept:
-                kept.append(warnings.filters[-1])
-            return
-        item = warnings.filters[0]  # at the front, moved there if it was there already
-        if item in kept:
-            kept.remove(item)
-        kept.insert(0, item)
-
-    wrapper.__name__ = add_filter.__name__
-    wrapper.__qualname__ = add_filter.__qualname__
-    wrapper.__doc__ = add_filter.__doc__
-    wrapper.__wrapped__ = add_filter
-    wrapper._kernel_pool_kept_at_import = True
-    return wrapper
-
-
-def _importing():
-    """Whether an import is running below the caller (importlib's frames are on the stack)."""
-    frame = sys._getframe(2)
-    while frame is not None:
-        if frame.f_code.co_filename.startswith("<frozen importlib"):
-            return True
-        frame = frame.f_back
-    return False
-
-
-def _restore_warnings():
-    recorded = _settings["warnings"]
-    filters = recorded["list"]
-    if warnings.filters is not filters:
-        warnings.filters = filters
-    if filters != recorded["filters"]:
-        filters[:] = recorded["filters"]
-    for name in ("defaultaction", "showwarning", "formatwarning"):
-        if getattr(warnings, name) is not recorded[name]:
-            setattr(warnings, name, recorded[name])
-    warnings.onceregistry.clear()
-    # forget which warnings were already shown: the next request sees its own, as in a fresh
-    # interpreter (every module's registry is invalidated by this version bump)
-    mutated = getattr(warnings, "_filters_mutated", None)
-    if mutated is not None:
-        mutated()
-
-
-# -- IPython and other stdlib modules ------------------------------------------------------
-
-
-def _capture_shell():
-    """The shell's switches a magic flips: ``%xmode``, ``%precision``, ``%pprint``,
-    ``%autocall``, and the names it hides."""
-    shell = _ipython_shell()
-    if shell is None:
-        _settings["shell"] = None
-        return
-    plain = shell.display_formatter.formatters.get("text/plain")
-    _settings["shell"] = {
-        "xmode": shell.InteractiveTB.mode,
-        "precision": getattr(plain, "float_precision", None),
-        "pprint": getattr(plain, "pprint", None),
-        "autocall": shell.autocall,
-        "hidden": frozenset(shell.user_ns_hidden),
-    }
-    backend = _inline_backend()
-    _settings["inline backend"] = _inline_backend_settings(backend) if backend else None
-
-
-def _ipython_shell():
-    ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
-
-
-def _restore_shell():
-    recorded = _settings["shell"]
-    shell = _ipython_shell() if recorded is not None else None
-    if shell is None:
-        return
-    if shell.InteractiveTB.mode != recorded["xmode"]:
-        shell.InteractiveTB.set_mode(mode=recorded["xmode"])
-    plain = shell.display_formatter.formatters.get("text/plain")
-    if recorded["precision"] is not None and plain.float_precision != recorded["precision"]:
-        plain.float_precision = recorded["precision"]  # its observer resets float_format
-    if recorded["pprint"] is not None and plain.pprint != recorded["pprint"]:
-        plain.pprint = recorded["pprint"]
-    if shell.autocall != recorded["autocall"]:
-        shell.autocall = recorded["autocall"]
-    _restore_inline_backend()
-    hidden = shell.user_ns_hidden
-    if len(hidden) != len(recorded["hidden"]):  # (with the numbered ones each cell adds)
-        for name in [name for name in hidden if name not in recorded["hidden"]]:
-            del hidden[name]
-
-
-def _inline_backend():
-    """matplotlib's inline backend configuration (``%config InlineBackend...``), once made."""
-    config = sys.modules.get("matplotlib_inline.config")
-    backend = getattr(config, "InlineBackend", None)
-    return backend.instance() if backend is not None and backend.initialized() else None
-
-
-def _inline_backend_settings(backend):
-    return {name: getattr(backend, name) for name in backend.trait_names(config=True)}
-
-
-def _restore_inline_backend():
-    """Figure formats and print options back; setting them makes the backend choose its
-    printers again. It is made when a cell first draws: its settings are recorded then."""
-    backend = _inline_backend()
-    if backend is None:
-        return
-    recorded = _settings.get("inline backend")
-    if recorded is None:
-        _settings["inline backend"] = _inline_backend_settings(backend)
-        return
-    for name, value in recorded.items():
-        if getattr(backend, name) != value:
-            setattr(backend, name, value)
-
-
-def _stdlib_settings():
-    """Module-level switches of stdlib modules a cell may have set, where imported."""
-    tempfile = sys.modules.get("tempfile")
-    return {
-        "tempdir": getattr(tempfile, "tempdir", None),
-        "stack size": threading.stack_size(),
-    }
-
-
-def _restore_stdlib():
-    recorded = _settings["stdlib"]
-    tempfile = sys.modules.get("tempfile")
-    if tempfile is not None and tempfile.tempdir != recorded["tempdir"]:
-        tempfile.tempdir = recorded["tempdir"]
-    if threading.stack_size() != recorded["stack size"]:
-        threading.stack_size(recorded["stack size"])
-    faulthandler = sys.modules.get("faulthandler")
-    if faulthandler is not None:  # a traceback dump (and exit) timed to land in a later request
-        faulthandler.cancel_dump_traceback_later()
-
-
-# -- logging ---------------------------------------------------------------------------------
-
-
-def _capture_logging():
-    logging = sys.modules.get("logging")
-    if logging is None:
-        _settings["logging"] = None
-        return
-    root = logging.root
-    _settings["logging"] = {
-        "level": root.level,
-        "handlers": list(root.handlers),
-        "filters": list(root.filters),
-        "disabled": root.disabled,
-        "disable": root.manager.disable,
-        "captured warnings": getattr(logging, "_warnings_showwarning", None),
-    }
-
-
-def _restore_logging():
-    recorded = _settings["logging"]
-    logging = sys.modules.get("logging")
-    if recorded is None or logging is None:
-        return
-    root = logging.root
-    if root.handlers != recorded["handlers"]:
-        for handler in root.handlers:
-            if handler not in recorded["handlers"]:
-                with contextlib.suppress(Exception):  # a cell's handler, possibly broken
-                    handler.close()
-        root.handlers[:] = recorded["handlers"]
-    if root.filters != recorded["filters"]:
-        root.filters[:] = recorded["filters"]
-    if root.level != recorded["level"]:
-        root.setLevel(recorded["level"])
-    root.disabled = recorded["disabled"]
-    if root.manager.disable != recorded["disable"]:
-        logging.disable(recorded["disable"])
-    if hasattr(logging, "_warnings_showwarning"):
-        logging._warnings_showwarning = recorded["captured warnings"]
-
-
-# -- libraries -------------------------------------------------------------------------------
-
-
-def _capture_decimal(module):
-    context, default = module.getcontext().copy(), module.DefaultContext.copy()
-    return {"context": context, "default": default, "reprs": (repr(context), repr(default))}
-
-
-def _restore_decimal(module, recorded):
-    context_repr, default_repr = recorded["reprs"]
-    if repr(module.getcontext()) != context_repr:
-        module.setcontext(recorded["context"].copy())
-    default = module.DefaultContext
-    if repr(default) != default_repr:
-        for field in ("prec", "rounding", "Emin", "Emax", "capitals", "clamp"):
-            setattr(default, field, getattr(recorded["default"], field))
-        default.traps = dict(recorded["default"].traps)
-        default.flags = dict(recorded["default"].flags)
-
-
-def _capture_numpy(module):
-    return {
-        "print": module.get_printoptions(),
-        "errors": module.geterr(),
-        "error call": module.geterrcall(),
-    }
-
-
-def _restore_numpy(module, recorded):
-    if module.get_printoptions() != recorded["print"]:
-        module.set_printoptions(**recorded["print"])
-    if module.geterr() != recorded["errors"]:
-        module.seterr(**recorded["errors"])
-    if module.geterrcall() is not recorded["error call"]:
-        module.seterrcall(recorded["error call"])
-
-
-def _capture_pandas(module):
-    config = sys.modules.get("pandas._config.config")
-    if config is None or not isinstance(getattr(config, "_global_config", None), dict):
-        return None
-    return _copy_tree(config._global_config)
-
-
-def _restore_pandas(module, recorded):
-    config = sys.modules["pandas._config.config"]
-    if config._global_config == recorded:
-        return
-    with _quietly():
-        for key, value in _leaves(recorded):
-            if _leaf(config._global_config, key) != value:
-                module.set_option(key, value)
-
-
-def _copy_tree(tree):
-    return {k: _copy_tree(v) if isinstance(v, dict) else v for k, v in tree.items()}
-
-
-def _leaves(tree, prefix=""):
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
-def _leaf(tree, key):
-    for part in key.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
-
-
-def _capture_matplotlib(module):
-    return dict(dict.items(module.rcParams))
-
-
-def _restore_matplotlib(module, recorded):
-    params = module.rcParams
-    for key in _RC_NOT_RESTORED:
-        if dict.__contains__(params, key):
-            recorded[key] = dict.__getitem__(params, key)
-    if dict.__eq__(params, recorded):
-        return
-    with _quietly():
-        for key, value in recorded.items():
-            if not dict.__contains__(params, key) or dict.__getitem__(params, key) != value:
-                params[key] = value
-
-
-@contextlib.contextmanager
-def _quietly():
-    """Setting a deprecated option warns: that is not the next request's output."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-
-
-_LIBRARIES = {
-    "decimal": (_capture_decimal, _restore_decimal),
-    "numpy": (_capture_numpy, _restore_numpy),
-    "pandas": (_capture_pandas, _restore_pandas),
-    "matplotlib": (_capture_matplotlib, _restore_matplotlib),
-}
-_IN_CONTEXT = frozenset({"decimal", "numpy"})  # settings kept in context variables
-
-
-def _reseed_numpy():
-    """Reseed numpy's global generator from the OS, if it was used since the last time.
-
-    Reseeding costs about 0.1 ms, so the generator's state (2.5 KB, read through its
-    documented ctypes address) is compared with what it was after the last reseed.
-    """
-    mtrand = sys.modules.get("numpy.random.mtrand")
-    generator = getattr(mtrand, "_rand", None)
-    if generator is None:
-        return
-    ctypes = sys.modules.get("ctypes") or _optional("ctypes")
-    try:
-        address = generator._bit_generator.ctypes.state_address
-        state = ctypes.string_at(address, _MT19937_STATE_BYTES)
-        if _settings.get("numpy generator") == (generator, state):
-            return
-        generator.seed()
-        _settings["numpy generator"] = (generator, ctypes.string_at(address, _MT19937_STATE_BYTES))
-    except Exception:  # another bit generator, or no ctypes: reseed every time
-        generator.seed()
-
-
-def _record_library(name, capture, module):
-    try:
-        state = capture(module)
-    except Exception:  # a version whose API differs: its settings are not looked after
-        state = None
-    if state is not None:
-        _library_state[name] = state
-
-
-def _restore_libraries(problems, *, in_context):
-    for name, recorded in _library_state.items():
-        module = sys.modules.get(name)
-        if module is None or (name in _IN_CONTEXT) != in_context:
-            continue
-        try:
-            _LIBRARIES[name][1](module, recorded)
-        except Exception as exc:
-            problems.append(f"cannot restore {name}'s settings: {type(exc).__name__}: {exc}")
-
-
-class _RecordAfterImport:
-    """Meta path finder: records a watched library's settings the moment its import ends."""
-
-    def find_spec(self, name, path=None, target=None):
-        entry = _LIBRARIES.get(name)
-        if entry is None or name in _library_state:
-            return None
-        spec = None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(name, path, target)
-            if spec is not None:
-                break
-        loader = getattr(spec, "loader", None)
-        run = getattr(loader, "exec_module", None)
-        if run is None:
-            return spec
-
-        def exec_module(module):
-            del loader.exec_module  # the loader is this import's own: leave it as it was
-            run(module)
-            _record_library(name, entry[0], module)
-
-        with contextlib.suppress(AttributeError, TypeError):  # a loader without attributes
-            loader.exec_module = exec_module
-        return spec
-
-
-def _watch_imports():
-    if not any(isinstance(f, _RecordAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RecordAfterImport())

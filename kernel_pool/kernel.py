@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 # the helper, and the interpreter and library settings its reset restores, as one module
 _INKERNEL_SOURCE = "\n".join(
     Path(__file__).with_name(name).read_text(encoding="utf-8")
-    for name in ("_inkernel.py", "_inkernel_state.py")
+    for name in ("_inkernel.py", "_inkernel_state.py", "_inkernel_modules.py")
 )
 _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
 _BOOTSTRAP = (  # loads the helper in a kernel that starts without it
