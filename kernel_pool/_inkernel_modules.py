@@ -51,14 +51,15 @@ def _keeping_import_time_filters(add_filter, append_at):
     """
 
     def wrapper(*args, **kwargs):
+        count = len(warnings.filters)
         add_filter(*args, **kwargs)
         recorded = _recorded.get("warnings")
         if recorded is None or warnings.filters is not recorded["list"] or not _importing():
             return
         append = kwargs.get("append", args[append_at] if len(args) > append_at else False)
         kept = recorded["filters"]
-        if append:  # as warnings does it: at the end, unless it is there already
-            if warnings.filters[-1] not in kept:
+        if append:  # as warnings does it: at the end, unless it was there already
+            if len(warnings.filters) > count and warnings.filters[-1] not in kept:
                 kept.append(warnings.filters[-1])
             return
         item = warnings.filters[0]  # at the front, moved there if it was there already

@@ -212,19 +212,27 @@ async def test_a_warning_is_shown_again_in_the_next_request(pool: Pool, tmp_path
 
 async def test_filters_a_module_adds_as_it_is_imported_stay(pool: Pool, tmp_path: Path) -> None:
     (tmp_path / "filtering_lib.py").write_text(
-        "import warnings\nwarnings.filterwarnings('ignore', message='import-time filter')\n"
+        "import warnings\n"
+        "warnings.filterwarnings('ignore', message='import-time filter')\n"
+        "warnings.filterwarnings('ignore', message='import-time filter', append=True)  # no-op\n"
+        "warnings.filterwarnings('ignore', message='appended at import', append=True)\n"
     )
     probe = (
         "import warnings\nprint([(f[0], getattr(f[1], 'pattern', None)) for f in warnings.filters])"
     )
     before = await probe_once(pool, probe)
     assert before.startswith("[(") and "import-time filter" not in before
-    change = (
-        f"import sys, warnings; sys.path.insert(0, {str(tmp_path)!r}); import filtering_lib\n"
-        "warnings.filterwarnings('error', message='set by the cell')"
+    change = (  # the cell's own filters: one at the front, one at the end, around the import
+        "import sys, warnings\n"
+        "warnings.filterwarnings('error', message='set by the cell')\n"
+        "warnings.filterwarnings('error', message='appended by the cell', append=True)\n"
+        f"sys.path.insert(0, {str(tmp_path)!r}); import filtering_lib\n"
     )
     after = await change_then_probe(pool, change, probe)
-    assert after == "[('ignore', 'import-time filter'), " + before[1:]
+    expected = (
+        f"[('ignore', 'import-time filter'), {before[1:-2]}, ('ignore', 'appended at import')]"
+    )
+    assert after == expected + "\n"
     async with pool.lease() as lease:
         out = await run(lease, (
             "import warnings\n"
