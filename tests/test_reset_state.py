@@ -374,3 +374,26 @@ async def test_an_idle_kernel_still_ignores_sigint_after_a_reset(pool: Pool) -> 
         assert lease.kernel_id == first
         assert await run(lease, "print('still here')") == "still here\n"
     assert pool.stats().retirements["died"] == 0
+
+
+async def test_a_preloads_settings_are_the_baseline() -> None:
+    """What the preload set up (filters, logging, options) is what every reset returns to."""
+    preload = (
+        "import logging, warnings, numpy as np\n"
+        "warnings.simplefilter('ignore', UserWarning)\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "np.set_printoptions(precision=3)\n"
+    )
+    probe = (
+        "import logging, warnings, numpy as np\n"
+        "warnings.warn('hidden by the preload')\n"
+        "print(len(logging.root.handlers), logging.root.level, np.get_printoptions()['precision'])"
+    )
+    async with started(PoolConfig(size=1, preload=preload)) as pool:
+        before = await probe_once(pool, probe)
+        assert before == "1 20 3\n"  # the preload's: one handler, INFO, precision 3
+        change = (
+            "import logging, warnings, numpy as np\n"
+            "warnings.resetwarnings(); logging.root.handlers.clear(); np.set_printoptions(precision=8)"
+        )
+        assert await change_then_probe(pool, change, probe) == before
