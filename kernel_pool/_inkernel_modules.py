@@ -22,7 +22,7 @@ import warnings
 _recorded = {}
 _library_state = {}  # module name -> its recorded settings
 _MT19937_STATE_BYTES = 624 * 4 + 4  # numpy's mt19937_state: uint32 key[624], int pos
-_RC_NOT_RESTORED = ("backend", "backend_fallback", "interactive")  # the kernel's own choice
+_RC_NOT_RESTORED = ("backend_fallback", "interactive")  # the kernel's own choice
 
 
 # -- warnings --------------------------------------------------------------------------------
@@ -318,6 +318,7 @@ def _capture_matplotlib(module):
 
 def _restore_matplotlib(module, recorded):
     params = module.rcParams
+    _restore_backend(module, params, recorded.get("backend"))
     for key in _RC_NOT_RESTORED:
         if dict.__contains__(params, key):
             recorded[key] = dict.__getitem__(params, key)
@@ -329,6 +330,21 @@ def _restore_matplotlib(module, recorded):
                 params[key] = value
 
 
+def _restore_backend(module, params, wanted):
+    """Back to the backend the import chose (``MPLBACKEND``: inline in a kernel) after a
+    cell's ``matplotlib.use("Agg")`` or ``plt.switch_backend``, which would otherwise keep
+    every later request's figures from being shown."""
+    current = dict.__getitem__(params, "backend")
+    sentinel = getattr(getattr(module, "rcsetup", None), "_auto_backend_sentinel", None)
+    if wanted is None or wanted is sentinel or current == wanted:
+        return
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        pyplot.switch_backend(wanted)
+    else:
+        dict.__setitem__(params, "backend", wanted)
+
+
 @contextlib.contextmanager
 def _quietly():
     """Setting a deprecated option warns: that is not the next request's output."""
@@ -337,11 +353,24 @@ def _quietly():
         yield
 
 
-_LIBRARIES = {
+def _capture_inline_backend(module):
+    """Right after the inline backend's import, which activated it (interactive mode on)."""
+    matplotlib = sys.modules.get("matplotlib")
+    return {"interactive": matplotlib.is_interactive()} if matplotlib is not None else None
+
+
+def _restore_inline_interactive(module, recorded):
+    matplotlib = sys.modules["matplotlib"]
+    if matplotlib.is_interactive() != recorded["interactive"]:  # a cell's plt.ioff()
+        matplotlib.interactive(recorded["interactive"])
+
+
+_LIBRARIES = {  # restored in this order
     "decimal": (_capture_decimal, _restore_decimal),
     "numpy": (_capture_numpy, _restore_numpy),
     "pandas": (_capture_pandas, _restore_pandas),
     "matplotlib": (_capture_matplotlib, _restore_matplotlib),
+    "matplotlib_inline.backend_inline": (_capture_inline_backend, _restore_inline_interactive),
 }
 _IN_CONTEXT = frozenset({"decimal", "numpy"})  # settings kept in context variables
 

@@ -122,7 +122,7 @@ CASES = {
     ),
 }
 
-SHELL_CASES = {  # IPython's own switches (the magics that flip them)
+KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
     "traceback mode": Case(
         "get_ipython().run_line_magic('xmode', 'Verbose')",
         "print(get_ipython().InteractiveTB.mode)",
@@ -137,6 +137,18 @@ SHELL_CASES = {  # IPython's own switches (the magics that flip them)
     "hidden names": Case(
         "get_ipython().user_ns_hidden['extra'] = 1",
         "print(sorted(k for k in get_ipython().user_ns_hidden if not k.lstrip('_i').isdigit()))",
+    ),
+    "matplotlib backend": Case(
+        "import matplotlib; matplotlib.use('Agg')",
+        "import matplotlib, matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.close('all')\n"  # the backend is chosen (inline) on the first figure
+        "print(matplotlib.get_backend(), matplotlib.is_interactive())",
+    ),
+    "matplotlib interactive mode": Case(
+        "import matplotlib.pyplot as plt; plt.ioff()",
+        "import matplotlib, matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.close('all')\n"
+        "print(matplotlib.get_backend(), matplotlib.is_interactive())",
     ),
     "inline figure formats": Case(
         "get_ipython().run_line_magic('config', \"InlineBackend.figure_formats = ['svg']\")",
@@ -172,13 +184,13 @@ async def probe_once(pool: Pool, probe: str) -> str:
         return await run(lease, probe)
 
 
-@pytest.mark.parametrize("name", [*CASES, *SHELL_CASES])
+@pytest.mark.parametrize("name", [*CASES, *KERNEL_CASES])
 async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> None:
-    case = CASES.get(name) or SHELL_CASES[name]
+    case = CASES.get(name) or KERNEL_CASES[name]
     before = await probe_once(pool, case.probe)
     after = await change_then_probe(pool, case.change, case.probe)
     assert after == before
-    if name in SHELL_CASES:  # (the others are checked in a plain interpreter, below)
+    if name in KERNEL_CASES:  # (the others are checked in a plain interpreter, below)
         changed = await probe_once(pool, f"{case.change}\n{case.probe}")
         assert changed != before  # the change does change what the probe reads
 
