@@ -106,6 +106,25 @@ def test_figure_show_in_the_cell_that_first_imports_matplotlib(
         w.stop()
 
 
+def test_plt_show_under_a_backend_the_cell_chose_is_a_display(client: httpx.Client) -> None:
+    """A script's ``matplotlib.use("Agg")``: the reference shows the figure whatever the
+    backend, and so do we (the inline backend would, had the cell not replaced it)."""
+    source = (
+        "import matplotlib\n"
+        "matplotlib.use('Agg')\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2, 3])\n"
+        "plt.show()\n"
+        "del plt, matplotlib\n"
+    )
+    bundle = run_ok(client, source)
+    displays = bundle.manifest["displays"]
+    assert [d["content_type"] for d in displays] == ["image/png"]
+    assert displays[0]["width"] == 640 and displays[0]["height"] == 480
+    follow = run_ok(client, "import matplotlib\nbackend = matplotlib.get_backend()\ndel matplotlib")
+    assert "matplotlib_inline" in follow.variables["backend"]["preview"]  # reset puts it back
+
+
 def test_a_warning_from_the_cell_names_the_cell(client: httpx.Client) -> None:
     """As the reference prints it: ``<cell>`` when the cell ends in an expression (the
     reference compiles such a cell as ``<cell>``), ``<string>`` otherwise (it ``exec``s it)."""

@@ -37,7 +37,7 @@ class _Run:
         self.file_label = None  # what warnings call the cell (see _cell_file_label)
 
 
-_state = {"run": None, "shell": None, "display": None, "figure_show": None}
+_state = {"run": None, "shell": None, "display": None, "figure_show": None, "pyplot_show": None}
 
 
 def _current():
@@ -86,13 +86,46 @@ def _patch_figure(module):
     figure.show = _show_figure
 
 
+def _show_pyplot(*args, **kwargs):
+    """``plt.show()`` during a cell whose backend is not the inline one (the cell chose
+    ``matplotlib.use("Agg")``, say): the open figures are displayed, as the reference shows
+    them whatever the backend. The inline backend displays them itself."""
+    run = _current()
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if run is not None and run.recording and pyplot is not None and not _inline_backend():
+        for number in pyplot.get_fignums():
+            display(pyplot.figure(number))
+        return None
+    return _state["pyplot_show"](*args, **kwargs)
+
+
+def _inline_backend():
+    """Whether the inline backend is matplotlib's (read raw: reading ``rcParams["backend"]``
+    would make matplotlib choose one now)."""
+    params = getattr(sys.modules.get("matplotlib"), "rcParams", {})
+    backend = dict.get(params, "backend", "") if isinstance(params, dict) else ""
+    return "matplotlib_inline" in str(backend)
+
+
+def _patch_pyplot(module):
+    show = getattr(module, "show", None)
+    if show is None or show is _show_pyplot:
+        return
+    _state["pyplot_show"] = show
+    module.show = _show_pyplot
+
+
+_PATCHES = {"matplotlib.figure": _patch_figure, "matplotlib.pyplot": _patch_pyplot}
+
+
 class _PatchOnImport:
-    """A ``sys.meta_path`` finder that finds nothing itself: when ``matplotlib.figure`` is
-    first imported (by a cell, usually), it patches ``Figure.show`` right after the module
-    has run, so the very cell that imports matplotlib is covered."""
+    """A ``sys.meta_path`` finder that finds nothing itself: when ``matplotlib.figure`` or
+    ``matplotlib.pyplot`` is first imported (by a cell, usually), it patches its ``show``
+    right after the module has run, so the very cell that imports matplotlib is covered."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != "matplotlib.figure":
+        patch = _PATCHES.get(fullname)
+        if patch is None:
             return None
         for finder in sys.meta_path:
             find = getattr(finder, "find_spec", None)
@@ -100,31 +133,37 @@ class _PatchOnImport:
                 continue
             spec = find(fullname, path, target)
             if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader)
+                spec.loader = _PatchingLoader(spec.loader, patch)
                 return spec
         return None
 
 
 class _PatchingLoader:
-    def __init__(self, loader):
+    def __init__(self, loader, patch):
         self._loader = loader
+        self._patch = patch
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        _patch_figure(module)
+        self._patch(module)
 
     def __getattr__(self, name):  # get_source, get_code, …: the real loader's
         return getattr(self._loader, name)
 
 
 def _patch_figure_show():
-    module = sys.modules.get("matplotlib.figure")
-    if module is not None:
-        _patch_figure(module)
-    else:
+    """``Figure.show`` and ``pyplot.show`` patched now, or as their modules are imported."""
+    missing = False
+    for name, patch in _PATCHES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(module)
+        else:
+            missing = True
+    if missing:
         sys.meta_path.insert(0, _PatchOnImport())
 
 
