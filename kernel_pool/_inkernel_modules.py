@@ -183,7 +183,25 @@ def _stdlib_settings():
     return {
         "tempdir": getattr(tempfile, "tempdir", None),
         "stack size": threading.stack_size(),
+        "loop": _loop_settings(_kernel_loop()),
     }
+
+
+def _kernel_loop():
+    """The kernel's event loop, when this runs on it (cells, their hooks and resets do)."""
+    asyncio = sys.modules.get("asyncio")
+    try:
+        return asyncio.get_running_loop() if asyncio is not None else None
+    except RuntimeError:
+        return None
+
+
+def _loop_settings(loop):
+    """A loop's debug mode (slow for every later request), slow-callback threshold and
+    exception handler, which a cell may set on the kernel's own loop."""
+    if loop is None:
+        return None
+    return (loop, loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler())
 
 
 def _restore_stdlib(problems):
@@ -196,6 +214,13 @@ def _restore_stdlib(problems):
     faulthandler = sys.modules.get("faulthandler")
     if faulthandler is not None:  # a traceback dump (and exit) timed to land in a later request
         faulthandler.cancel_dump_traceback_later()
+    loop = _kernel_loop()
+    wanted = recorded["loop"]
+    if wanted is not None and wanted[0] is loop and _loop_settings(loop) != wanted:
+        _, debug, slow, handler = wanted
+        loop.set_debug(debug)
+        loop.slow_callback_duration = slow
+        loop.set_exception_handler(handler)
 
 
 # -- logging ---------------------------------------------------------------------------------

@@ -150,6 +150,12 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "plt.figure(); plt.close('all')\n"
         "print(matplotlib.get_backend(), matplotlib.is_interactive())",
     ),
+    "event loop debug mode": Case(
+        "import asyncio; loop = asyncio.get_running_loop(); loop.set_debug(True)\n"
+        "loop.slow_callback_duration = 9.0; loop.set_exception_handler(lambda *a: None)",
+        "import asyncio; loop = asyncio.get_running_loop()\n"
+        "print(loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler())",
+    ),
     "inline figure formats": Case(
         "get_ipython().run_line_magic('config', \"InlineBackend.figure_formats = ['svg']\")",
         "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
