@@ -6,13 +6,14 @@ already shown), the root logger, IPython's switches, ``tempfile``, the thread st
 ``faulthandler``, ``decimal``'s context, ``random``'s and numpy's generators, and the
 options of numpy, pandas and matplotlib.
 
-A library imported after the baseline is recorded as its import finishes (a meta path
-finder watches for it), so a cell that imports matplotlib and then changes its style in the
+A library imported after the baseline is recorded as its import finishes
+(:func:`after_import`), so a cell that imports matplotlib and then changes its style in the
 same cell is undone as well. Filters that a library adds to ``warnings`` while it is being
 imported stay: the library stays imported and would not add them again.
 """
 
 import contextlib
+import functools
 import os
 import random
 import sys
@@ -442,12 +443,28 @@ def _restore_libraries(problems, *, in_context):
             problems.append(f"cannot restore {name}'s settings: {type(exc).__name__}: {exc}")
 
 
-class _RecordAfterImport:
-    """Meta path finder: records a watched library's settings the moment its import ends."""
+_after_import = {}  # module name -> hook(module)s, called once as that module's import ends
 
+
+def after_import(name, hook):
+    """Call ``hook(module)`` once the module ``name`` is imported: now if it already is, else
+    the moment its import ends, so the very cell that imports it is covered too.
+
+    A meta path finder watches for the names (it finds nothing itself); other in-kernel code
+    (a worker's agent) uses it as well. Call before the baseline, which records the finder.
+    """
+    module = sys.modules.get(name)
+    if module is not None:
+        hook(module)
+        return
+    _after_import.setdefault(name, []).append(hook)
+    if not any(isinstance(finder, _AfterImport) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+class _AfterImport:
     def find_spec(self, name, path=None, target=None):
-        entry = _LIBRARIES.get(name)
-        if entry is None or name in _library_state:
+        if name not in _after_import:
             return None
         spec = None
         for finder in sys.meta_path:
@@ -465,16 +482,13 @@ class _RecordAfterImport:
         def exec_module(module):
             del loader.exec_module  # the loader is this import's own: leave it as it was
             run(module)
-            _record_library(name, entry[0], module)
+            for hook in _after_import.pop(name, ()):
+                with contextlib.suppress(Exception):  # one hook's failure is not the import's
+                    hook(module)
 
         with contextlib.suppress(AttributeError, TypeError):  # a loader without attributes
             loader.exec_module = exec_module
         return spec
-
-
-def _watch_imports():
-    if not any(isinstance(f, _RecordAfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RecordAfterImport())
 
 
 def _capture_stdlib():
@@ -484,10 +498,7 @@ def _capture_stdlib():
 def _capture_libraries():
     _library_state.clear()
     for name, (capture, _restore) in _LIBRARIES.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            _record_library(name, capture, module)
-    _watch_imports()
+        after_import(name, functools.partial(_record_library, name, capture))
 
 
 def _restore_global_libraries(problems):

@@ -115,56 +115,12 @@ def _patch_pyplot(module):
     module.show = _show_pyplot
 
 
-_PATCHES = {"matplotlib.figure": _patch_figure, "matplotlib.pyplot": _patch_pyplot}
-
-
-class _PatchOnImport:
-    """A ``sys.meta_path`` finder that finds nothing itself: when ``matplotlib.figure`` or
-    ``matplotlib.pyplot`` is first imported (by a cell, usually), it patches its ``show``
-    right after the module has run, so the very cell that imports matplotlib is covered."""
-
-    def find_spec(self, fullname, path, target=None):
-        patch = _PATCHES.get(fullname)
-        if patch is None:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            if finder is self or find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                spec.loader = _PatchingLoader(spec.loader, patch)
-                return spec
-        return None
-
-
-class _PatchingLoader:
-    def __init__(self, loader, patch):
-        self._loader = loader
-        self._patch = patch
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._patch(module)
-
-    def __getattr__(self, name):  # get_source, get_code, …: the real loader's
-        return getattr(self._loader, name)
-
-
 def _patch_figure_show():
-    """``Figure.show`` and ``pyplot.show`` patched now, or as their modules are imported."""
-    missing = False
-    for name, patch in _PATCHES.items():
-        module = sys.modules.get(name)
-        if module is not None:
-            patch(module)
-        else:
-            missing = True
-    if missing:
-        sys.meta_path.insert(0, _PatchOnImport())
+    """``Figure.show`` and ``pyplot.show`` patched now, or the moment a cell imports their
+    modules (the pool's in-kernel helper watches imports)."""
+    helper = sys.modules["_kernel_pool_agent"]
+    helper.after_import("matplotlib.figure", _patch_figure)
+    helper.after_import("matplotlib.pyplot", _patch_pyplot)
 
 
 def _stop_recording():
