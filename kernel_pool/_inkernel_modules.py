@@ -1,10 +1,10 @@
 """Settings of modules that a cell can change and that would outlive it.
 
-Shipped into every kernel after ``_inkernel_state.py``, into the same module (stdlib only),
-where each part below is added to its ``_PARTS``: warning filters (and which warnings were
-already shown), the root logger, IPython's switches, ``tempfile``, the thread stack size,
-``faulthandler``, ``decimal``'s context, ``random``'s and numpy's generators, and the
-options of numpy, pandas and matplotlib.
+Shipped into every kernel after ``_inkernel_state.py`` and ``_inkernel_logging.py``, into the
+same module (stdlib only), where each part below is added to its ``_PARTS``: warning filters
+(and which warnings were already shown), ``logging`` (its part is in the file before),
+IPython's switches, ``tempfile``, the thread stack size, ``faulthandler``, ``decimal``'s
+context, ``random``'s and numpy's generators, and the options of numpy, pandas and matplotlib.
 
 A library imported after the baseline is recorded as its import finishes
 (:func:`after_import`), so a cell that imports matplotlib and then changes its style in the
@@ -222,48 +222,6 @@ def _restore_stdlib(problems):
         loop.set_debug(debug)
         loop.slow_callback_duration = slow
         loop.set_exception_handler(handler)
-
-
-# -- logging ---------------------------------------------------------------------------------
-
-
-def _capture_logging():
-    logging = sys.modules.get("logging")
-    if logging is None:
-        _recorded["logging"] = None
-        return
-    root = logging.root
-    _recorded["logging"] = {
-        "level": root.level,
-        "handlers": list(root.handlers),
-        "filters": list(root.filters),
-        "disabled": root.disabled,
-        "disable": root.manager.disable,
-        "captured warnings": getattr(logging, "_warnings_showwarning", None),
-    }
-
-
-def _restore_logging(problems):
-    recorded = _recorded["logging"]
-    logging = sys.modules.get("logging")
-    if recorded is None or logging is None:
-        return
-    root = logging.root
-    if root.handlers != recorded["handlers"]:
-        for handler in root.handlers:
-            if handler not in recorded["handlers"]:
-                with contextlib.suppress(Exception):  # a cell's handler, possibly broken
-                    handler.close()
-        root.handlers[:] = recorded["handlers"]
-    if root.filters != recorded["filters"]:
-        root.filters[:] = recorded["filters"]
-    if root.level != recorded["level"]:
-        root.setLevel(recorded["level"])
-    root.disabled = recorded["disabled"]
-    if root.manager.disable != recorded["disable"]:
-        logging.disable(recorded["disable"])
-    if hasattr(logging, "_warnings_showwarning"):
-        logging._warnings_showwarning = recorded["captured warnings"]
 
 
 # -- libraries -------------------------------------------------------------------------------
@@ -529,7 +487,7 @@ def _record_nothing():
 _PARTS.extend(  # noqa: F821 (from _inkernel_state.py, shipped ahead of this file)
     [
         (_capture_libraries, _restore_global_libraries),
-        (_capture_logging, _restore_logging),
+        (_capture_logging, _restore_logging),  # noqa: F821 (_inkernel_logging.py)
         (_capture_warnings, _restore_warnings),
         (_capture_shell, _restore_shell),
         (_capture_stdlib, _restore_stdlib),

@@ -45,9 +45,9 @@ from .processes import (
 log = logging.getLogger(__name__)
 
 # the helper, and the interpreter and library settings its reset restores, as one module
+_INKERNEL_FILES = ("_inkernel", "_inkernel_state", "_inkernel_logging", "_inkernel_modules")
 _INKERNEL_SOURCE = "\n".join(
-    Path(__file__).with_name(name).read_text(encoding="utf-8")
-    for name in ("_inkernel.py", "_inkernel_state.py", "_inkernel_modules.py")
+    Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
 )
 _HELPER = "__import__('sys').modules['_kernel_pool_agent']"
 _BOOTSTRAP = (  # loads the helper in a kernel that starts without it

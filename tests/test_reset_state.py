@@ -51,6 +51,25 @@ CASES = {
         "import logging; logging.disable(logging.CRITICAL)",
         "import logging; print(logging.root.manager.disable)",
     ),
+    "a cell's own logger": Case(
+        "import logging, sys; log = logging.getLogger('app'); log.setLevel(logging.INFO)\n"
+        "log.addHandler(logging.StreamHandler(sys.stdout)); log.propagate = False",
+        "import logging; log = logging.getLogger('app')\n"
+        "print([type(h).__name__ for h in log.handlers], log.level, log.propagate, log.disabled)",
+    ),
+    "a library's logger": Case(
+        "import logging; log = logging.getLogger('asyncio'); log.setLevel(logging.CRITICAL)\n"
+        "log.addFilter(lambda record: False)",
+        "import asyncio, logging; log = logging.getLogger('asyncio')\n"
+        "print(log.level, log.filters)",
+    ),
+    "logging dictConfig": Case(  # disables every logger that existed before it
+        "import logging.config; logging.getLogger('made.before')\n"
+        "logging.config.dictConfig({'version': 1})",
+        "import logging\n"
+        "print(sorted(name for name, logger in logging.root.manager.loggerDict.items()\n"
+        "             if isinstance(logger, logging.Logger) and logger.disabled))",
+    ),
     "recursion limit": Case(
         "import sys; sys.setrecursionlimit(60)", "import sys; print(sys.getrecursionlimit())"
     ),
@@ -258,6 +277,48 @@ async def test_filters_a_module_adds_as_it_is_imported_stay(pool: Pool, tmp_path
         ))  # fmt: skip
     assert "UserWarning: import-time filter" not in out  # the module's filter holds
     assert "UserWarning: set by the cell" in out and "ok\n" in out  # the cell's is gone
+
+
+async def test_what_a_module_sets_on_its_logger_as_it_is_imported_stays(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """Its import-time configuration is its baseline; the importing cell's changes are not."""
+    (tmp_path / "logging_lib.py").write_text(
+        "import logging\n"
+        "log = logging.getLogger('logging_lib')\n"
+        "log.addHandler(logging.NullHandler()); log.setLevel(logging.WARNING)\n"
+        "log.propagate = False\n"
+        "logging.getLogger('asyncio').setLevel(logging.ERROR)  # an existing logger, at import\n"
+    )
+    change = (
+        f"import logging, sys; sys.path.insert(0, {str(tmp_path)!r}); import logging_lib\n"
+        "log = logging.getLogger('logging_lib'); log.handlers.clear(); log.setLevel(logging.DEBUG)\n"
+        "log.propagate = True; log.disabled = True\n"
+        "logging.getLogger('asyncio').setLevel(logging.DEBUG)\n"
+    )
+    probe = (
+        "import logging; log = logging.getLogger('logging_lib')\n"
+        "print([type(h).__name__ for h in log.handlers], log.level, log.propagate, log.disabled,\n"
+        "      logging.getLogger('asyncio').level)"
+    )
+    assert await change_then_probe(pool, change, probe) == "['NullHandler'] 30 False False 40\n"
+
+
+async def test_a_handler_added_in_every_request_prints_once(pool: Pool) -> None:
+    """A cell that adds a handler to its logger: each request prints its record once, not
+    once more for every earlier request that ran on the kernel."""
+    cell = (
+        "import logging, sys\n"
+        "log = logging.getLogger('__main__'); log.addHandler(logging.StreamHandler(sys.stdout))\n"
+        "log.warning('logged')\n"
+    )
+    kernels = set()
+    for _ in range(3):
+        async with pool.lease() as lease:
+            kernels.add(lease.kernel_id)
+            assert await run(lease, cell, last=True) == "logged\n"
+        await settle(pool, idle=1)
+    assert len(kernels) == 1  # one kernel, reset each time
 
 
 async def test_a_library_imported_and_changed_in_one_cell_is_put_back(pool: Pool) -> None:
