@@ -427,6 +427,26 @@ def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: Worker
     assert bundle.variables["rows"]["preview"] == pandas.get_option("display.max_rows")
 
 
+def test_a_module_a_cell_wrote_is_imported_afresh_by_the_next(solo_worker: WorkerProcess) -> None:
+    """A helper the cell writes into its working directory and imports is the next request's
+    own file, not the last one's from a deleted folder; import caches keep no finder for it."""
+    cell = (
+        "import sys\n"
+        "open('helpers.py', 'w').write(f'X = {version}\\n')\n"
+        "import helpers\n"
+        "x = helpers.X\n"
+        "import os; here = os.path.dirname(os.getcwd()); runs = os.path.dirname(here)\n"
+        "stale = [k for k in sys.path_importer_cache if k.startswith(runs) and here not in k]\n"
+    )
+    with httpx.Client(base_url=solo_worker.url, timeout=120) as client:
+        seen = [
+            run_ok(client, cell.replace("{version}", str(version))).variables
+            for version in (1, 2, 3)
+        ]
+    assert [v["x"]["preview"] for v in seen] == [1, 2, 3]
+    assert [v["stale"]["preview"] for v in seen] == [[], [], []]  # no earlier run's folder
+
+
 async def test_a_traceback_dump_a_cell_timed_does_not_end_a_later_request(pool: Pool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id

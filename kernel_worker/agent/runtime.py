@@ -35,6 +35,7 @@ class _Run:
         self.error = None
         self.collected = False
         self.file_label = None  # what warnings call the cell (see _cell_file_label)
+        self.modules = list(sys.modules)  # what the cell imports from the run dir goes with it
 
 
 _state = {"run": None, "shell": None, "display": None, "figure_show": None, "pyplot_show": None}
@@ -317,8 +318,48 @@ def collect(run):
 
 
 def _end_run():
+    run = _state["run"]
     _state["run"] = None
     figures.forget_renders()
+    if run is not None:
+        _forget_run_imports(run)
+
+
+def _forget_run_imports(run):
+    """Forget modules imported from the run directory, and import caches of its folders.
+
+    A module the cell wrote and imported (``helpers.py`` in its working directory) or found
+    in a folder input would otherwise answer the next request's ``import`` with this
+    request's code, from a deleted folder; a fresh interpreter imports that request's own
+    file. The caches would also keep one finder per request whose cell imported anything.
+    """
+    work_dir = run.plan.get("work_dir")
+    if not work_dir:
+        return
+    root = os.path.join(os.path.dirname(work_dir), "")
+    cache = sys.path_importer_cache
+    for key in [k for k in cache if isinstance(k, str) and k.startswith(root)]:
+        del cache[key]
+    names, before = list(sys.modules), run.modules
+    if names == before:
+        return
+    if names[: len(before)] == before:  # the usual change: names added at the end
+        names = names[len(before) :]
+    modules = sys.modules
+    for name in [n for n in names if _imported_from(modules.get(n), root)]:
+        del modules[name]
+
+
+def _imported_from(module, root):
+    """Whether ``module``'s file (or a namespace package's folder) is below ``root``."""
+    try:
+        attributes = vars(module)  # never a lazy module's __getattr__
+        location = attributes.get("__file__")
+        if isinstance(location, str):
+            return location.startswith(root)
+        return any(str(folder).startswith(root) for folder in attributes.get("__path__") or ())
+    except Exception:  # not a module: nothing of the run's
+        return False
 
 
 class _Exit:
