@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     ref.add_argument("--with-reference", action="store_true",
                      help="start strata-worker (see --reference-bin) and stop it afterwards")  # fmt: skip
     parser.add_argument("--reference-bin", metavar="PATH",
-                        help="strata-worker executable (default: PATH, then /tmp/v312/bin)")  # fmt: skip
+                        help="strata-worker executable (default: PATH, then the interop venv)")  # fmt: skip
     parser.add_argument("--only", choices=("pool", "worker"), help="run one level only")
     parser.add_argument("--results-dir", type=Path, default=RESULTS, metavar="DIR",
                         help="where latest.json and latest.png go (default bench/results)")  # fmt: skip

@@ -26,7 +26,7 @@ from .rawkernel import stop_pids
 
 log = logging.getLogger("bench.processes")
 
-REFERENCE_FALLBACK = Path("/tmp/v312/bin/strata-worker")
+ROOT = Path(__file__).resolve().parent.parent
 STOP_GRACE_SECONDS = 20.0
 
 
@@ -37,14 +37,19 @@ def free_port() -> int:
 
 
 def find_reference_bin(explicit: str | None) -> Path | None:
-    """``--reference-bin``, else ``strata-worker`` on PATH, else the known venv."""
+    """``--reference-bin``, else ``strata-worker`` on PATH, else the one beside the interop
+    interpreter (``$STRATA_INTEROP_PYTHON``), else the one in ``.venv-interop/``, where
+    ``scripts/interop-env.sh`` installs it."""
     if explicit:
         path = Path(explicit)
         return path if path.is_file() else None
     found = shutil.which("strata-worker")
     if found:
         return Path(found)
-    return REFERENCE_FALLBACK if REFERENCE_FALLBACK.is_file() else None
+    interop = os.environ.get("STRATA_INTEROP_PYTHON")
+    candidates = [Path(interop).parent / "strata-worker"] if interop else []
+    candidates.append(ROOT / ".venv-interop" / "bin" / "strata-worker")
+    return next((path for path in candidates if path.is_file()), None)
 
 
 def our_worker_argv(
