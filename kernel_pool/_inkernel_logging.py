@@ -2,10 +2,11 @@
 
 Shipped into every kernel between ``_inkernel_state.py`` and ``_inkernel_modules.py``, into
 the same module (stdlib only): the root logger (handlers, level, filters, ``logging.disable``,
-``logging.captureWarnings``) and every named logger's level, handlers, filters and
-``propagate`` and ``disabled`` flags. Without it, a cell's ``logging.config.dictConfig``
-silences every logger that existed before it in every later request, and a handler a cell
-adds to its own logger prints each record once more for every request that added one.
+``logging.captureWarnings``), the record factory and logger class, and every named logger's
+level, handlers, filters and ``propagate`` and ``disabled`` flags. Without it, a cell's
+``logging.config.dictConfig`` silences every logger that existed before it in every later
+request, and a handler a cell adds to its own logger prints each record once more for every
+request that added one.
 
 What a module sets on a logger while it is being imported stays, as for warning filters: the
 module stays imported and would not set it again. A logger a cell makes is put back as new:
@@ -37,6 +38,7 @@ def _capture_logging():
         disabled=root.disabled,
         disable=root.manager.disable,
         captured_warnings=getattr(logging, "_warnings_showwarning", None),
+        classes=_classes(logging),
     )
     table = root.manager.loggerDict
     loggers = [value for value in list(table.values()) if isinstance(value, logging.Logger)]
@@ -47,6 +49,12 @@ def _capture_logging():
         table=list(table.values()),
     )
     _track_import_time_changes(logging)
+
+
+def _classes(logging):
+    """The record factory and the logger classes new records and loggers are made with."""
+    manager_class = logging.root.manager.loggerClass
+    return (logging.getLogRecordFactory(), logging.getLoggerClass(), manager_class)
 
 
 def _state_of(logger):
@@ -75,20 +83,41 @@ def _track_import_time_changes(logging):
     __setattr__._kernel_pool_tracking = True
     logger_class.__setattr__ = __setattr__
     for name in ("addHandler", "removeHandler", "addFilter", "removeFilter"):
-        setattr(logger_class, name, _kept_at_import(getattr(logger_class, name), root))
+        setattr(logger_class, name, _logger_method(getattr(logger_class, name), root))
+    # the record factory and logger classes a module installs as it is imported stay too
+    for owner, name in (
+        (logging, "setLogRecordFactory"),
+        (logging, "setLoggerClass"),
+        (root.manager, "setLoggerClass"),
+    ):
+        setattr(owner, name, _class_setter(getattr(owner, name), logging))
 
 
-def _kept_at_import(method, root):
+def _logger_method(method, root):
     def wrapper(self, *args, **kwargs):
         result = method(self, *args, **kwargs)
         if _named and self is not root and _importing():  # noqa: F821 (_inkernel_modules.py)
             _keep(self)
         return result
 
-    wrapper.__name__ = method.__name__
-    wrapper.__qualname__ = method.__qualname__
-    wrapper.__doc__ = method.__doc__
-    wrapper.__wrapped__ = method
+    return _wrapping(wrapper, method)
+
+
+def _class_setter(function, logging):
+    def wrapper(*args, **kwargs):
+        result = function(*args, **kwargs)
+        if _named and _importing():  # noqa: F821 (_inkernel_modules.py)
+            _root_recorded["classes"] = _classes(logging)
+        return result
+
+    return _wrapping(wrapper, function)
+
+
+def _wrapping(wrapper, wrapped):
+    wrapper.__name__ = wrapped.__name__
+    wrapper.__qualname__ = wrapped.__qualname__
+    wrapper.__doc__ = wrapped.__doc__
+    wrapper.__wrapped__ = wrapped
     return wrapper
 
 
@@ -130,6 +159,11 @@ def _restore_root(logging):
         logging.disable(recorded["disable"])
     if hasattr(logging, "_warnings_showwarning"):
         logging._warnings_showwarning = recorded["captured_warnings"]
+    if _classes(logging) != recorded["classes"]:
+        factory, logger_class, manager_class = recorded["classes"]
+        logging.setLogRecordFactory(factory)
+        logging.setLoggerClass(logger_class)
+        root.manager.loggerClass = manager_class
 
 
 def _restore_named(logging):

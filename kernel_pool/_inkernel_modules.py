@@ -185,6 +185,7 @@ def _stdlib_settings():
         "tempdir": getattr(tempfile, "tempdir", None),
         "stack size": threading.stack_size(),
         "loop": _loop_settings(_kernel_loop()),
+        "loop policy": _loop_policy(),
     }
 
 
@@ -195,6 +196,13 @@ def _kernel_loop():
         return asyncio.get_running_loop() if asyncio is not None else None
     except RuntimeError:
         return None
+
+
+def _loop_policy():
+    """asyncio's event loop policy (a cell's ``uvloop.install()`` or own policy would make
+    every later request's ``asyncio.run`` use it), read without the getter's deprecation."""
+    events = getattr(sys.modules.get("asyncio"), "events", None)
+    return getattr(events, "_event_loop_policy", None)
 
 
 def _loop_settings(loop):
@@ -215,6 +223,10 @@ def _restore_stdlib(problems):
     faulthandler = sys.modules.get("faulthandler")
     if faulthandler is not None:  # a traceback dump (and exit) timed to land in a later request
         faulthandler.cancel_dump_traceback_later()
+    policy = recorded["loop policy"]
+    if policy is not None and _loop_policy() is not policy:
+        with _quietly():
+            sys.modules["asyncio"].set_event_loop_policy(policy)
     loop = _kernel_loop()
     wanted = recorded["loop"]
     if wanted is not None and wanted[0] is loop and _loop_settings(loop) != wanted:

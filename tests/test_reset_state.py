@@ -63,6 +63,18 @@ CASES = {
         "import asyncio, logging; log = logging.getLogger('asyncio')\n"
         "print(log.level, log.filters)",
     ),
+    "log record factory and logger class": Case(
+        "import logging; logging.setLogRecordFactory(lambda *args, **kwargs: None)\n"
+        "logging.setLoggerClass(type('CellLogger', (logging.Logger,), {}))",
+        "import logging\n"
+        "print(logging.getLogRecordFactory().__name__, logging.getLoggerClass().__name__)",
+    ),
+    "asyncio event loop policy": Case(
+        "import asyncio\n"
+        "class CellPolicy(asyncio.DefaultEventLoopPolicy): pass\n"
+        "asyncio.set_event_loop_policy(CellPolicy())",
+        "import asyncio; print(type(asyncio.get_event_loop_policy()).__name__)",
+    ),
     "logging dictConfig": Case(  # disables every logger that existed before it
         "import logging.config; logging.getLogger('made.before')\n"
         "logging.config.dictConfig({'version': 1})",
@@ -289,6 +301,8 @@ async def test_what_a_module_sets_on_its_logger_as_it_is_imported_stays(
         "log.addHandler(logging.NullHandler()); log.setLevel(logging.WARNING)\n"
         "log.propagate = False\n"
         "logging.getLogger('asyncio').setLevel(logging.ERROR)  # an existing logger, at import\n"
+        "def records(*args, **kwargs): return logging.LogRecord(*args, **kwargs)\n"
+        "logging.setLogRecordFactory(records)\n"
     )
     change = (
         f"import logging, sys; sys.path.insert(0, {str(tmp_path)!r}); import logging_lib\n"
@@ -299,9 +313,10 @@ async def test_what_a_module_sets_on_its_logger_as_it_is_imported_stays(
     probe = (
         "import logging; log = logging.getLogger('logging_lib')\n"
         "print([type(h).__name__ for h in log.handlers], log.level, log.propagate, log.disabled,\n"
-        "      logging.getLogger('asyncio').level)"
+        "      logging.getLogger('asyncio').level, logging.getLogRecordFactory().__name__)"
     )
-    assert await change_then_probe(pool, change, probe) == "['NullHandler'] 30 False False 40\n"
+    after = await change_then_probe(pool, change, probe)
+    assert after == "['NullHandler'] 30 False False 40 records\n"
 
 
 async def test_a_handler_added_in_every_request_prints_once(pool: Pool) -> None:
