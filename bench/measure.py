@@ -184,6 +184,55 @@ async def latency(
     return {"first": first, "latency": summary.as_dict() if summary else None}
 
 
+async def interleaved_latency(
+    runs: dict[str, RunOnce], *, reps: int, burst: int, block: int, budget_seconds: float,
+    where: dict[str, tuple[str, str, str]], failures: list[Failure],
+) -> dict[str, dict[str, Any]]:  # fmt: skip
+    """Serial requests to several targets, in blocks of ``block`` per target, round-robin.
+
+    Each target first gets its unrecorded first request (kept as ``first``) and ``burst``
+    concurrent ones, as in :func:`latency`. The recorded requests then alternate between the
+    targets a block at a time (back to back within a block, as in a series of its own), so
+    the machine's drift over the case hits every target alike and the ratios between them
+    hold still from run to run. A target that fails leaves the rotation.
+    """
+    firsts: dict[str, float | None] = {}
+    samples: dict[str, list[float]] = {}
+    for name, run in runs.items():
+        attempt = await run()
+        if attempt.problem is None and burst > 1:
+            extra = await asyncio.gather(*(run() for _ in range(burst)))
+            attempt = next((a for a in extra if a.problem is not None), attempt)
+        if attempt.problem is not None:
+            failures.append(failure(where[name], attempt))
+            continue
+        firsts[name], samples[name] = attempt.seconds, []
+    active = list(samples)
+    stop = time.monotonic() + budget_seconds * max(1, len(active))
+    rounds = 0
+    while active and any(len(samples[name]) < reps for name in active):
+        if rounds and time.monotonic() > stop:
+            break
+        order = active[rounds % len(active) :] + active[: rounds % len(active)]
+        rounds += 1
+        for name in order:
+            for _ in range(min(block, reps - len(samples[name]))):
+                attempt = await runs[name]()
+                if attempt.problem is not None:
+                    failures.append(failure(where[name], attempt))
+                    active.remove(name)
+                    break
+                samples[name].append(attempt.seconds)
+    results: dict[str, dict[str, Any]] = {}
+    for name in runs:
+        summary = summarize(samples.get(name, []))
+        results[name] = {
+            "first": firsts.get(name),
+            "latency": summary.as_dict() if summary else None,
+        }
+    return results
+
+
 async def throughput(
     run: RunOnce, *, clients: int, max_requests: int, seconds: float,
     where: tuple[str, str, str], failures: list[Failure], cpu: CpuProbe | None = None,

@@ -103,8 +103,9 @@ class BenchPlan:
                 pool=PoolPlan(300, 150, 150, 3, 3.0, 5000),
                 throughput=ThroughputPlan((1, 4, 16), 2.0, 2000, 4),
                 case_budget_seconds=45.0,
-                reps_small=Reps(30, 3, 3),
-                reps_medium=Reps(15, 3, 3),
+                # the interleaved targets' medians are the ratios: enough of them (~15 s)
+                reps_small=Reps(100, 3, 3),
+                reps_medium=Reps(30, 3, 3),
                 reps_large=Reps(3, 1, 1),
                 reps_huge=Reps(2, 1, 1),
                 preload=PreloadPlan(30, 6, 3, 3),

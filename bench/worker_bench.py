@@ -32,6 +32,7 @@ from .measure import (
     RunOnce,
     floor_runner,
     http_runner,
+    interleaved_latency,
     latency,
     raw_runner,
     throughput,
@@ -54,6 +55,8 @@ log = logging.getLogger("bench.worker")
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 180.0
+_POOLED = ("raw", "http", "ours")  # fast, warm targets: measured interleaved
+INTERLEAVE_BLOCK = 5
 HTTP_TIMEOUT_SECONDS = 900.0
 
 
@@ -255,16 +258,24 @@ class WorkerBench:
         reps = _reps(self.plan, case)
         runners = await self._runners(case, targets)
         by_target = targets.by_name
-        results: dict[str, Any] = {}
-        for name, (run, request) in runners.items():
-            pooled = name in ("raw", "http", "ours")
-            warmups = 0 if case.heavy and not pooled else 1
+        where = {name: (name, case.name, request[:2000]) for name, (_, request) in runners.items()}
+        # the fast targets take turns, a few requests at a time: their ratios are the targets'
+        pooled = {name: run for name, (run, _) in runners.items() if name in _POOLED}
+        results: dict[str, Any] = await interleaved_latency(
+            pooled, reps=reps.ours, block=INTERLEAVE_BLOCK,
             # ≥ 100 MB: the smaller sizes already warmed every kernel's imports
-            burst = self.plan.kernels if pooled and not case.heavy else 0
+            burst=0 if case.heavy else self.plan.kernels,
+            budget_seconds=self.plan.case_budget_seconds, where=where, failures=self.failures,
+        )  # fmt: skip
+        if "ours" in by_target:
+            await by_target["ours"].settle()
+        for name, (run, _) in runners.items():
+            if name in _POOLED:
+                continue
             results[name] = await latency(
-                run, reps=reps.for_target(name), warmups=warmups, burst=burst,
-                budget_seconds=self.plan.case_budget_seconds,
-                where=(name, case.name, request[:2000]), failures=self.failures,
+                run, reps=reps.for_target(name), warmups=0 if case.heavy else 1, burst=0,
+                budget_seconds=self.plan.case_budget_seconds, where=where[name],
+                failures=self.failures,
             )  # fmt: skip
             if name in by_target:
                 await by_target[name].settle()
