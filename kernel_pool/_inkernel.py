@@ -1,9 +1,9 @@
 """The pool's helper that lives inside every kernel: baseline capture, reset, verification.
 
 This file is never imported by the pool process. Its source, followed by those of
-``_inkernel_state.py`` and ``_inkernel_modules.py`` (the interpreter, process and module
-settings a reset restores), is sent to each kernel once at start-up and executed there as
-the module ``_kernel_pool_agent`` (stdlib only). The pool
+``_inkernel_state.py``, ``_inkernel_logging.py`` and ``_inkernel_modules.py`` (the
+interpreter, process, logging and module settings a reset restores), is sent to each kernel
+once at start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only). The pool
 then calls its functions through ``user_expressions``, so nothing is ever bound in the
 user namespace by the pool itself.
 

@@ -127,6 +127,10 @@ def _keep(logger):
         state = _state_of(logger)
     except AttributeError:  # still being made: its last attribute records it
         return
+    _record(logger, state)
+
+
+def _record(logger, state):
     position = _named["index"].get(logger)
     if position is None:
         _named["index"][logger] = len(_named["loggers"])
@@ -169,12 +173,9 @@ def _restore_root(logging):
 def _restore_named(logging):
     table = list(logging.root.manager.loggerDict.values())
     if table != _named["table"]:  # loggers made since: a cell's start as new
-        index = _named["index"]
         for value in table:
-            if isinstance(value, logging.Logger) and value not in index:
-                index[value] = len(_named["loggers"])
-                _named["loggers"].append(value)
-                _named["states"].append(_NEW_LOGGER_STATE)
+            if isinstance(value, logging.Logger) and value not in _named["index"]:
+                _record(value, _NEW_LOGGER_STATE)
         _named["table"] = table
     current = list(map(_LOGGER_STATE, _named["loggers"]))  # compared in C: loop on a change
     if current == _named["states"]:

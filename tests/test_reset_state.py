@@ -422,20 +422,32 @@ def test_the_cases_change_what_they_probe_here() -> None:
 
 
 def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: WorkerProcess) -> None:
-    """Through the worker (one kernel): a cell's warning filter, recursion limit and pandas
-    option are gone in the next request, whose warning is shown and whose cell runs."""
+    """Through the worker (one kernel): a cell's warning filter, recursion limit, pandas
+    option, logging configuration and logger handler are gone in the next request, whose
+    warning is shown, whose record is printed once and whose cell runs."""
+    log_once = (
+        "import logging, sys\n"
+        "logging.getLogger('app').addHandler(logging.StreamHandler(sys.stdout))\n"
+        "logging.getLogger('app').warning('logged')\n"
+    )
     with httpx.Client(base_url=solo_worker.url, timeout=120) as client:
         run_ok(client, (
-            "import sys, warnings, pandas as pd\n"
+            "import sys, warnings, pandas as pd, logging.config\n"
             "warnings.simplefilter('error'); sys.setrecursionlimit(80)\n"
             "pd.set_option('display.max_rows', 3)\n"
+            "logging.config.dictConfig({'version': 1})\n" + log_once
         ))  # fmt: skip
         bundle = run_ok(client, (
             "import sys, warnings, pandas as pd\n"
             "warnings.warn('careful')\n"
             "limit, rows = sys.getrecursionlimit(), pd.get_option('display.max_rows')\n"
+            + log_once +
+            "disabled = [name for name, logger in logging.root.manager.loggerDict.items()\n"
+            "            if isinstance(logger, logging.Logger) and logger.disabled]\n"
         ))  # fmt: skip
     assert "UserWarning: careful" in bundle.stderr()
+    assert bundle.stdout() == "logged\n"
+    assert bundle.variables["disabled"]["preview"] == []
     assert bundle.variables["limit"]["preview"] == sys.getrecursionlimit()
     import pandas
 

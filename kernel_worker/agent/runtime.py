@@ -35,10 +35,16 @@ class _Run:
         self.error = None
         self.collected = False
         self.file_label = None  # what warnings call the cell (see _cell_file_label)
-        self.modules = list(sys.modules)  # what the cell imports from the run dir goes with it
 
 
-_state = {"run": None, "shell": None, "display": None, "figure_show": None, "pyplot_show": None}
+_state = {
+    "run": None,
+    "shell": None,
+    "display": None,
+    "figure_show": None,
+    "pyplot_show": None,
+    "modules": [],  # sys.modules' names after the last run's imports were forgotten
+}
 
 
 def _current():
@@ -337,17 +343,19 @@ def _forget_run_imports(run):
     if not work_dir:
         return
     root = os.path.join(os.path.dirname(work_dir), "")
+    # only names added since the last run are looked at (in the background, not before a cell)
+    names, before = list(sys.modules), _state["modules"]
+    if names != before:
+        if names[: len(before)] == before:  # the usual change: names added at the end
+            names = names[len(before) :]
+        modules = sys.modules
+        for name in [n for n in names if _imported_from(modules.get(n), root)]:
+            del modules[name]
+        _state["modules"] = list(modules)
+    # after the modules: reading a namespace package's __path__ may look in the run dir again
     cache = sys.path_importer_cache
     for key in [k for k in cache if isinstance(k, str) and k.startswith(root)]:
         del cache[key]
-    names, before = list(sys.modules), run.modules
-    if names == before:
-        return
-    if names[: len(before)] == before:  # the usual change: names added at the end
-        names = names[len(before) :]
-    modules = sys.modules
-    for name in [n for n in names if _imported_from(modules.get(n), root)]:
-        del modules[name]
 
 
 def _imported_from(module, root):
