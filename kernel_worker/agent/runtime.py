@@ -43,7 +43,9 @@ _state = {
     "display": None,
     "figure_show": None,
     "pyplot_show": None,
-    "modules": [],  # sys.modules' names after the last run's imports were forgotten
+    # sys.modules' names and the import finders' folders after the last run's were forgotten
+    "modules": [],
+    "finders": [],
 }
 
 
@@ -354,8 +356,11 @@ def _forget_run_imports(run):
         _state["modules"] = list(modules)
     # after the modules: reading a namespace package's __path__ may look in the run dir again
     cache = sys.path_importer_cache
-    for key in [k for k in cache if isinstance(k, str) and k.startswith(root)]:
-        del cache[key]
+    keys = list(cache)
+    if keys != _state["finders"]:
+        for key in [k for k in keys if isinstance(k, str) and k.startswith(root)]:
+            del cache[key]
+        _state["finders"] = list(cache)
 
 
 def _imported_from(module, root):
