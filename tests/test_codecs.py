@@ -611,6 +611,53 @@ def test_fingerprint_samples_ends_of_large_arrays() -> None:
     assert codecs.fingerprint(5).digest is None  # immutable: identity only
 
 
+def _edited_frame() -> pd.DataFrame:
+    return pd.DataFrame({
+        "a": np.arange(20.0),
+        "s": [f"x{i}" for i in range(20)],
+        "t": pd.date_range("2020-01-01", periods=20),
+        "c": pd.Categorical(["u", "v"] * 10),
+    })  # fmt: skip
+
+
+FRAME_EDITS: dict[str, Callable[[pd.DataFrame], object]] = {
+    "untouched": lambda df: None,
+    "first row": lambda df: df.iloc.__setitem__((0, 0), 99.0),
+    "last row": lambda df: df.iloc.__setitem__((19, 1), "changed"),
+    "middle row": lambda df: df.iloc.__setitem__((10, 0), 99.0),
+    "below JSON precision": lambda df: df.iloc.__setitem__((1, 0), 1.0 + 1e-13),
+    "sign of zero": lambda df: df.iloc.__setitem__((0, 0), -0.0),
+    "category": lambda df: df.iloc.__setitem__((0, 3), "v"),
+    "new column": lambda df: df.__setitem__("z", 1),
+    "same labels, new axis": lambda df: setattr(df, "columns", list(df.columns)),
+    "column dtype": lambda df: df.__setitem__("a", df["a"].astype("float32")),
+    "index replaced": lambda df: setattr(df, "index", df.index[::-1]),
+}
+
+
+@pytest.mark.parametrize("edit", FRAME_EDITS.values(), ids=FRAME_EDITS.keys())
+def test_frame_inputs_are_compared_before_they_are_digested(edit: Callable) -> None:
+    """Frames without object columns keep copies of their sampled rows and are digested
+    only if those changed; the verdict is still the digest comparison's."""
+    frame = _edited_frame()
+    assert codecs.fingerprint(frame).frame is not None  # the copy-and-compare path
+    witness = _edited_frame()
+    digest_before = codecs._digest(witness)
+    edit(witness)
+    expected = codecs._digest(witness) != digest_before
+    warnings = run_cell({"v": frame}, lambda ns: edit(ns["v"]), exported=set())
+    assert [w["message"] for w in warnings] == ([MUTATED.format("v")] if expected else [])
+
+
+def test_object_columns_are_digested_before_the_cell() -> None:
+    """A copy of an object column shares its cells: a list edited in place would look
+    unchanged, so such frames are digested up front."""
+    frame = pd.DataFrame({"l": [[1], [2]], "n": [1, 2]})
+    assert codecs.fingerprint(frame).frame is None
+    warnings = run_cell({"v": frame}, lambda ns: ns["v"]["l"].iloc[0].append(3), set())
+    assert [w["var_name"] for w in warnings] == ["v"]
+
+
 def test_outputs_sharing_a_mutable_object_are_reported() -> None:
     def cell(ns: dict[str, Any]) -> None:
         shared = np.zeros(3)

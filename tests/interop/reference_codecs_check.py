@@ -36,6 +36,7 @@ import tempfile
 import threading
 import types
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -562,7 +563,63 @@ def _mutation_scenarios() -> list[tuple[str, dict[str, Any], Callable[[dict[str,
         ("delete", base, delete),
         ("rebind", base, rebind),
         ("many", richer, many),
+        *_frame_mutation_scenarios(),
     ]
+
+
+def _frame_mutation_scenarios() -> list[tuple[str, dict[str, Any], Callable[..., set[str]]]]:
+    """In-place edits of DataFrame and Series inputs: sampled rows, axes, dtypes, and
+    changes the reference's digest does not see (middle rows, below its JSON precision)."""
+    frame = pd.DataFrame({
+        "a": np.arange(20.0),
+        "s": [f"x{i}" for i in range(20)],
+        "t": pd.date_range("2020-01-01", periods=20),
+        "c": pd.Categorical(["u", "v"] * 10),
+        "i": pd.array(range(20), dtype="Int64"),
+    })  # fmt: skip
+    edits: dict[str, Callable[[pd.DataFrame], object]] = {
+        "untouched": lambda df: None,
+        "first row": lambda df: df.iloc.__setitem__((0, 0), 99.0),
+        "last row": lambda df: df.iloc.__setitem__((19, 0), 99.0),
+        "middle row": lambda df: df.iloc.__setitem__((10, 0), 99.0),
+        "below JSON precision": lambda df: df.iloc.__setitem__((1, 0), 1.0 + 1e-13),
+        "sign of zero": lambda df: df.iloc.__setitem__((0, 0), -0.0),
+        "string cell": lambda df: df.iloc.__setitem__((0, 1), "changed"),
+        "category cell": lambda df: df.iloc.__setitem__((0, 3), "v"),
+        "nullable cell": lambda df: df.iloc.__setitem__((0, 4), pd.NA),
+        "new column": lambda df: df.__setitem__("z", 1),
+        "renamed column": lambda df: df.rename(columns={"a": "b"}, inplace=True),
+        "same labels, new axis": lambda df: setattr(df, "columns", list(df.columns)),
+        "column dtype": lambda df: df.__setitem__("a", df["a"].astype("float32")),
+        "sorted": lambda df: df.sort_values("a", ascending=False, inplace=True),
+        "index name": lambda df: setattr(df.index, "name", "k"),
+        "row dropped": lambda df: df.drop(index=19, inplace=True),
+    }
+
+    def cell_of(edit: Callable[[pd.DataFrame], object]) -> Callable[..., set[str]]:
+        def cell(ns: dict[str, Any]) -> set[str]:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # pandas deprecates some inplace= edits
+                edit(ns["df"])
+            return set()
+
+        return cell
+
+    def series_cell(ns: dict[str, Any]) -> set[str]:
+        ns["s1"].iloc[0] = -1.0
+        ns["s2"].iloc[5] = -1.0  # the middle of 12 values: not sampled
+        return set()
+
+    def object_cell(ns: dict[str, Any]) -> set[str]:
+        ns["df"]["l"].iloc[0].append(3)  # an object column: a list edited in place
+        return set()
+
+    scenarios = [(f"frame: {label}", {"df": frame}, cell_of(e)) for label, e in edits.items()]
+    series = {"s1": pd.Series(np.arange(12.0)), "s2": pd.Series(np.arange(12.0))}
+    scenarios.append(("series: first and middle values", series, series_cell))
+    objects = {"df": pd.DataFrame({"l": [[1], [2]], "n": [1, 2]})}
+    scenarios.append(("frame: object column edited in place", objects, object_cell))
+    return scenarios
 
 
 def check_mutations(report: Report) -> None:
