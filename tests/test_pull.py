@@ -262,11 +262,14 @@ def test_log_url_receives_ordered_chunks(client: httpx.Client, store: FakeStore,
 def test_slow_log_server_drops_chunks_but_never_the_bundle(
     client: httpx.Client, store: FakeStore, key: str
 ) -> None:
-    source = "for i in range(400):\n    print(i, flush=True)\n"
+    # 300 lines 10 ms apart: they reach the worker as separate chunks even on a busy
+    # machine (a tight loop's lines can arrive merged into fewer chunks than the queue
+    # holds), while the log server takes 50 ms per chunk.
+    source = "import time\nfor i in range(300):\n    print(i, flush=True)\n    time.sleep(0.01)\n"
     body = manifest(store, key, source, log_url=f"{store.url}/slow-log/{key}")
     response = client.post("/v1/execute-manifest", json=body)
     assert response.status_code == 200, response.text
-    expected = "".join(f"{i}\n" for i in range(400))
+    expected = "".join(f"{i}\n" for i in range(300))
     assert store.bundle(key).members["stdout.txt"].decode() == expected
     seqs = [seq for stream, seq, _ in store.logs.get(key, []) if stream == "stdout"]
     assert seqs == sorted(seqs) and seqs[:1] == [0]
