@@ -31,7 +31,9 @@ def _strict(raw: bytes) -> Any:
 def test_input_meets_an_empty_stdin(client: httpx.Client) -> None:
     bundle = read_bundle(execute(client, "name = input('name? ')"))
     assert not bundle.manifest["success"]
-    assert bundle.manifest["traceback"].strip().splitlines()[-1] == "EOFError: EOF when reading a line"
+    assert (
+        bundle.manifest["traceback"].strip().splitlines()[-1] == "EOFError: EOF when reading a line"
+    )
     assert bundle.stdout() == "name? "  # the prompt is written, as with a real empty stdin
 
 
@@ -152,3 +154,91 @@ def test_a_warning_from_a_library_keeps_its_file(client: httpx.Client) -> None:
     bundle = run_ok(client, source)
     where = bundle.variables["where"]["preview"]
     assert bundle.stderr().startswith(f"{where}:1: UserWarning: old\n")
+
+
+# -- errors, as the reference's cell process words them -----------------------------------------
+
+
+def _plain_syntax_error(source: str) -> SyntaxError:
+    """What ``exec(source)`` raises in the reference's cell process (and in this one)."""
+    try:
+        compile(source, "<string>", "exec", dont_inherit=True)
+    except SyntaxError as error:
+        return error
+    raise AssertionError(f"{source!r} compiles")
+
+
+@pytest.mark.parametrize(
+    "source", ["x = (", "if True:\nx = 1", "print 'a'", "x = = 1", "y = 1\ndef f(:\n    pass"]
+)
+def test_a_syntax_error_reads_as_compile_words_it(client: httpx.Client, source: str) -> None:
+    expected = _plain_syntax_error(source)
+    manifest = read_bundle(execute(client, source)).manifest
+    assert manifest["success"] is False
+    assert manifest["error"] == str(expected)  # e.g. "'(' was never closed (<string>, line 1)"
+    lines = manifest["traceback"].splitlines()
+    assert lines[:2] == [
+        "Traceback (most recent call last):",
+        f'  File "<string>", line {expected.lineno}',
+    ]
+    assert lines[-1] == f"{type(expected).__name__}: {expected.msg}"
+
+
+def _frames(traceback: str) -> list[str]:
+    """The traceback's lines without the position markers (``~~^~~``), which vary by Python."""
+    return [line for line in traceback.splitlines() if line.strip(" ^~")]
+
+
+def test_a_traceback_is_pythons_with_the_cell_named_as_the_reference_names_it(
+    client: httpx.Client,
+) -> None:
+    body = "def f():\n    return 1 / 0\n"
+    frames = [
+        "Traceback (most recent call last):",
+        '  File "{0}", line 3, in <module>',
+        "    {1}",
+        '  File "{0}", line 2, in f',
+        "    return 1 / 0",
+        "ZeroDivisionError: division by zero",
+    ]
+    # exec'd from its text as "<string>"; a cell ending in an expression compiles as "<cell>"
+    for last, name in (("x = f()", "<string>"), ("f()", "<cell>")):
+        manifest = read_bundle(execute(client, body + last)).manifest
+        assert manifest["error"] == "division by zero"
+        assert _frames(manifest["traceback"]) == [line.format(name, last) for line in frames]
+
+
+def test_a_deep_recursion_is_collapsed_and_chained_errors_are_shown(client: httpx.Client) -> None:
+    source = "def r(n):\n    return r(n + 1)\nr(0)"
+    traceback = read_bundle(execute(client, source)).manifest["traceback"]
+    assert (
+        "more times]" in traceback and len(traceback) < 4000
+    )  # "[Previous line repeated N more times]"
+    source = "try:\n    {}['k']\nexcept KeyError as e:\n    raise ValueError('no k') from e"
+    lines = _frames(read_bundle(execute(client, source)).manifest["traceback"])
+    assert lines[-1] == "ValueError: no k" and "KeyError: 'k'" in lines
+    assert "The above exception was the direct cause of the following exception:" in lines
+    assert not [
+        line for line in lines if "interactiveshell" in line or "strata_kernel_agent" in line
+    ]
+
+
+def test_system_exit_is_a_failed_cell_without_ipythons_advice(client: httpx.Client) -> None:
+    bundle = read_bundle(execute(client, "import sys\nprint('before')\nsys.exit(3)"))
+    assert bundle.manifest["success"] is False and bundle.manifest["error"] == "3"
+    assert _frames(bundle.manifest["traceback"])[-3:] == [
+        '  File "<cell>", line 3, in <module>',
+        "    sys.exit(3)",
+        "SystemExit: 3",
+    ]
+    assert bundle.stdout() == "before\n" and bundle.stderr() == ""
+
+
+def test_an_exception_group_is_reported_as_the_cell_error(client: httpx.Client) -> None:
+    source = "raise ExceptionGroup('two', [ValueError('a'), TypeError('b')])"
+    bundle = read_bundle(execute(client, source))
+    assert bundle.manifest["error"] == "two (2 sub-exceptions)"
+    traceback = bundle.manifest["traceback"]
+    assert "ValueError: a" in traceback and "TypeError: b" in traceback
+    assert 'File "<string>", line 1, in <module>' in traceback
+    assert bundle.stderr() == ""

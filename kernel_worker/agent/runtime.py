@@ -13,7 +13,7 @@ import os
 import pathlib
 import sys
 
-from . import codecs, figures
+from . import codecs, figures, tracebacks
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -398,11 +398,16 @@ def _cell_warning_format(shell):
     original = warnings.formatwarning
 
     def formatwarning(message, category, filename, lineno, line=None):
-        if _is_cell_file(shell, filename):
+        if tracebacks.is_cell_file(shell, filename):
             filename, line = _cell_file_label(), ""
         return original(message, category, filename, lineno, line)
 
     warnings.formatwarning = formatwarning
+
+
+def _current_source():
+    run = _current()
+    return None if run is None else run.source
 
 
 def _cell_file_label():
@@ -419,14 +424,6 @@ def _cell_file_label():
             body = []
         run.file_label = "<cell>" if body and isinstance(body[-1], ast.Expr) else "<string>"
     return run.file_label
-
-
-def _is_cell_file(shell, filename):
-    """Whether ``filename`` is a cell's (IPython's tracebacks ask the same question)."""
-    try:
-        return shell.compile.format_code_name(filename) is not None
-    except Exception:
-        return False
 
 
 # -- stdin ---------------------------------------------------------------------------------------
@@ -469,7 +466,8 @@ def install(shell):
     shell.events.register("post_execute", _stop_recording)
     shell.events.register("post_run_cell", _post_run_cell)
     shell.ast_transformers.append(_FailCell())
-    shell.InteractiveTB.set_mode(mode="Plain")  # plain Python tracebacks, and much faster
+    shell.InteractiveTB.set_mode(mode="Plain")  # the fastest of IPython's layouts
+    tracebacks.install(shell, _current_source, _cell_file_label)
     shell.colors = "nocolor"
     shell.user_ns["display"] = display
     shell.user_ns["exit"] = shell.user_ns["quit"] = _Exit()

@@ -1,0 +1,136 @@
+"""A cell's error as the reference's cell process reports it: ``str(exc)`` and a Python traceback.
+
+IPython lays a cell's traceback out its own way (``Cell In[1], line 2``, a blank line between
+frames, every frame of a deep recursion written out, its own ``run_code`` frame), and it
+compiles a cell with flags that turn an unclosed bracket into ``incomplete input`` in a file
+named after a hash. The reference's cell process ``exec``s the cell's text, so its errors read
+as Python prints them. :func:`install` makes the kernel's error message (the IOPub ``error``
+the worker reports) say what Python says:
+
+* a syntax error in the cell is the one ``compile(source, "<string>", "exec")`` raises;
+* the traceback is the standard one, the cell's frames named as the reference names them
+  (``<string>``, or ``<cell>``: see ``runtime._cell_file_label``), repeated frames collapsed,
+  and the kernel's and the agent's own frames left out.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import builtins
+import traceback
+import warnings
+from collections.abc import Callable, Iterator
+from typing import Any
+
+_RUN_CODE_FILE = "IPython/core/interactiveshell.py"
+_AGENT_FILE_PREFIX = "<strata_kernel_agent"
+_HEADER = "Traceback (most recent call last):\n"
+
+
+def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[[], str]) -> None:
+    """Report ``shell``'s errors in Python's words.
+
+    ``source_of()`` is the running cell's text (None outside a request), ``label_of()`` the
+    file name its frames get. Whatever goes wrong here leaves IPython's own report.
+    """
+    original = shell._showtraceback
+
+    def _showtraceback(etype: type[BaseException], evalue: BaseException, stb: Any) -> Any:
+        try:
+            lines: list[str]
+            if isinstance(evalue, SyntaxError) and is_cell_file(shell, evalue.filename):
+                # the cell's text does not compile (not a SyntaxError its code raised)
+                evalue = _as_compiled(evalue, source_of())
+                lines = [_HEADER, *traceback.format_exception_only(type(evalue), evalue)]
+            else:
+                lines = list(_formatted(shell, evalue, label_of()))
+            etype, stb = type(evalue), ["".join(lines).rstrip("\n")]
+        except Exception:
+            pass
+        return original(etype, evalue, stb)
+
+    shell._showtraceback = _showtraceback
+    show = shell.showtraceback
+
+    def showtraceback(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
+        # IPython prints an exception group straight to stderr, bypassing _showtraceback
+        try:
+            etype, evalue, _ = shell._get_exc_info(exc_tuple)
+            grouped = _in_group(evalue)
+        except Exception:
+            grouped = False
+        if not grouped:
+            return show(exc_tuple, *args, **kwargs)
+        return shell._showtraceback(etype, evalue, [])
+
+    shell.showtraceback = showtraceback
+    # IPython's advice after SystemExit is for its terminal; a cell has no prompt to leave.
+    warnings.filterwarnings(
+        "ignore", message=r"To exit: use 'exit', 'quit', or Ctrl-D\.", category=UserWarning
+    )
+
+
+def _in_group(error: BaseException | None) -> bool:
+    """Whether ``error`` or an exception it arose during is an exception group."""
+    group = getattr(builtins, "BaseExceptionGroup", None)  # Python 3.11+
+    seen = set()
+    while group is not None and error is not None and id(error) not in seen:
+        if isinstance(error, group):
+            return True
+        seen.add(id(error))
+        error = error.__context__
+    return False
+
+
+def is_cell_file(shell: Any, filename: object) -> bool:
+    """Whether ``filename`` is a cell's (IPython's tracebacks ask the same question)."""
+    try:
+        return shell.compile.format_code_name(filename) is not None
+    except Exception:
+        return False
+
+
+def _as_compiled(error: SyntaxError, source: str | None) -> SyntaxError:
+    """The syntax error plain ``compile`` raises for the cell's text, where it raises one."""
+    if source is not None:
+        try:
+            compile(source, "<string>", "exec", dont_inherit=True)
+        except SyntaxError as plain:
+            return plain.with_traceback(None)
+        except Exception:
+            pass
+    error.filename = "<string>"  # Python accepts the text: IPython's syntax (a magic) failed
+    return error
+
+
+def _formatted(shell: Any, error: BaseException, label: str) -> Iterator[str]:
+    """The standard traceback of ``error`` (chained exceptions too), relabelled."""
+    report = traceback.TracebackException(type(error), error, error.__traceback__, compact=True)
+    _relabel(shell, report, label, set())
+    return report.format()
+
+
+def _relabel(
+    shell: Any, report: traceback.TracebackException | None, label: str, seen: set[int]
+) -> None:
+    """Name the cell's frames ``label`` and drop the kernel's and the agent's, in ``report``
+    and in the exceptions chained to it."""
+    if report is None or id(report) in seen:
+        return
+    seen.add(id(report))
+    kept = []
+    for frame in report.stack:
+        name = frame.filename
+        if name.startswith(_AGENT_FILE_PREFIX):
+            continue
+        if frame.name == "run_code" and name.replace("\\", "/").endswith(_RUN_CODE_FILE):
+            continue
+        if is_cell_file(shell, name):
+            frame.filename = label
+        kept.append(frame)
+    report.stack = traceback.StackSummary.from_list(kept)
+    _relabel(shell, report.__cause__, label, seen)
+    _relabel(shell, report.__context__, label, seen)
+    for inner in getattr(report, "exceptions", None) or ():
+        _relabel(shell, inner, label, seen)
