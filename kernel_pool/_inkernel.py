@@ -111,6 +111,32 @@ def _lean_messaging():
     for stream in (sys.stdout, sys.stderr):
         _skip_idle_flushes(stream)
     _remember_signature_checks()
+    _pack_lone_surrogates(getattr(kernel, "session", None))
+
+
+def _pack_lone_surrogates(session):
+    """Send text holding a lone surrogate (``'\\ud800'``) with U+FFFD in its place.
+
+    ipykernel's packer cannot encode one (only those that stand for a byte, which the pool
+    reads as U+FFFD), so the message was never sent: a cell's whole buffered output vanished.
+    """
+    pack = getattr(session, "pack", None)
+    if pack is None or getattr(pack, "kernel_pool_lossless", False):
+        return
+    import json
+
+    def pack_lossless(obj):
+        try:
+            return pack(obj)
+        except ValueError:
+            from jupyter_client.session import json_default
+
+            text = json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
+            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+            return text.encode("utf-8")
+
+    pack_lossless.kernel_pool_lossless = True
+    session.pack = pack_lossless
 
 
 def _no_rebroadcast(*args, **kwargs):

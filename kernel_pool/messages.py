@@ -83,13 +83,23 @@ def decode(frames: Sequence[bytes], auth: hmac.HMAC | None) -> dict[str, Any]:
             mac.update(part)
         if not hmac.compare_digest(parts[0], mac.hexdigest().encode("ascii")):
             raise ValueError("invalid message signature")
-    header = json.loads(parts[1])
+    header = _loads(parts[1])
     return {
         "header": header,
         "msg_id": header.get("msg_id"),
         "msg_type": header.get("msg_type"),
-        "parent_header": json.loads(parts[2]),
-        "metadata": json.loads(parts[3]),
-        "content": json.loads(parts[4]),
+        "parent_header": _loads(parts[2]),
+        "metadata": _loads(parts[3]),
+        "content": _loads(parts[4]),
         "buffers": list(parts[5:]),
     }
+
+
+def _loads(part: bytes) -> Any:
+    """JSON from a kernel. ipykernel writes a lone surrogate that stands for a byte (text
+    decoded with ``surrogateescape``, such as a file name that is not UTF-8) as that byte,
+    which is not UTF-8: it is read as U+FFFD rather than losing the whole message."""
+    try:
+        return json.loads(part)
+    except UnicodeDecodeError:
+        return json.loads(part.decode("utf-8", "replace"))

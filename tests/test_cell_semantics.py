@@ -242,3 +242,22 @@ def test_an_exception_group_is_reported_as_the_cell_error(client: httpx.Client) 
     assert "ValueError: a" in traceback and "TypeError: b" in traceback
     assert 'File "<string>", line 1, in <module>' in traceback
     assert bundle.stderr() == ""
+
+
+def test_lone_surrogates_in_output_arrive_as_replacement_characters(client: httpx.Client) -> None:
+    """A lone surrogate (a file name that is not UTF-8, decoded with surrogateescape; a
+    half of a pair) cannot be sent as UTF-8: it becomes U+FFFD, and the rest of the
+    output around it is kept."""
+    source = (
+        "import sys\n"
+        "print('before')\n"
+        "print('a\\udcffb')\n"  # stands for the byte 0xff
+        "print('c\\ud800d')\n"  # stands for nothing
+        "sys.stderr.write('e\\udc80\\n')\n"
+        "print('after')"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.stdout() == "before\na\ufffdb\nc\ufffdd\nafter\n"
+    assert bundle.stderr() == "e\ufffd\n"
+    failed = read_bundle(execute(client, "print('kept')\nraise ValueError('bad\\ud800')"))
+    assert failed.manifest["error"] == "bad\ufffd" and failed.stdout() == "kept\n"
