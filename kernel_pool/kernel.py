@@ -45,7 +45,13 @@ from .processes import (
 log = logging.getLogger(__name__)
 
 # the helper, and the interpreter and library settings its reset restores, as one module
-_INKERNEL_FILES = ("_inkernel", "_inkernel_state", "_inkernel_logging", "_inkernel_modules")
+_INKERNEL_FILES = (
+    "_inkernel",
+    "_inkernel_state",
+    "_inkernel_logging",
+    "_inkernel_modules",
+    "_inkernel_patches",
+)
 _INKERNEL_SOURCE = "\n".join(
     Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
 )

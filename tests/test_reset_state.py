@@ -43,6 +43,21 @@ CASES = {
         "import warnings; warnings.showwarning = lambda *a, **k: print('swallowed')",
         "import warnings; print(warnings.showwarning.__module__)",
     ),
+    "stdlib functions replaced": Case(
+        "import math, time, datetime, uuid\n"
+        "math.sqrt = lambda x: -1.0; time.time = lambda: 0.0\n"
+        "datetime.datetime = datetime.date; uuid.uuid4 = lambda: 'fixed'",
+        "import math, time, datetime, uuid\n"
+        "print(math.sqrt(4), time.time() > 1e9, datetime.datetime.__name__, type(uuid.uuid4()))",
+    ),
+    "unverified https": Case(
+        "import ssl; ssl._create_default_https_context = ssl._create_unverified_context",
+        "import ssl; print(ssl._create_default_https_context.__name__)",
+    ),
+    "stdlib attributes deleted": Case(
+        "import math, json; del math.pi, json.loads",
+        "import math, json; print(hasattr(math, 'pi'), hasattr(json, 'loads'))",
+    ),
     "logging basicConfig": Case(
         "import logging; logging.basicConfig(level=logging.DEBUG)",
         "import logging; print(logging.root.handlers, logging.root.level)",
