@@ -184,6 +184,14 @@ def test_a_syntax_error_reads_as_compile_words_it(client: httpx.Client, source: 
     assert lines[-1] == f"{type(expected).__name__}: {expected.msg}"
 
 
+def test_a_syntax_error_after_a_magic_is_reported_where_it_is(client: httpx.Client) -> None:
+    """IPython's syntax is the cell's to use: the error is the one on line 2, not the magic."""
+    manifest = read_bundle(
+        execute(client, "%config InlineBackend.figure_format = 'png'\nx = (")
+    ).manifest
+    assert manifest["error"] == str(_plain_syntax_error("pass\nx = ("))  # ... (<string>, line 2)
+
+
 def _frames(traceback: str) -> list[str]:
     """The traceback's lines without the position markers (``~~^~~``), which vary by Python."""
     return [line for line in traceback.splitlines() if line.strip(" ^~")]

@@ -704,6 +704,7 @@ def test_malformed_data_is_a_clear_cell_error(client: httpx.Client, fmt: str, da
     assert manifest["success"] is False, manifest
     assert manifest["error"].startswith("Error deserializing value:"), manifest["error"]
     assert error in manifest["error"], manifest["error"]
+    assert manifest["traceback"].rstrip().endswith(f"InputError: {manifest['error']}")
     assert manifest["variables"] == {}
 
 

@@ -196,6 +196,9 @@ class InputError(Exception):
     """An input could not be loaded; the cell does not run."""
 
 
+InputError.__module__ = "builtins"  # a traceback names it InputError, not this agent's module
+
+
 def raise_pending():
     """Called in place of the cell when preparing it failed."""
     run = _current()

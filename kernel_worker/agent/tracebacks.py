@@ -7,7 +7,8 @@ named after a hash. The reference's cell process ``exec``s the cell's text, so i
 as Python prints them. :func:`install` makes the kernel's error message (the IOPub ``error``
 the worker reports) say what Python says:
 
-* a syntax error in the cell is the one ``compile(source, "<string>", "exec")`` raises;
+* a syntax error in the cell is the one ``compile(source, "<string>", "exec")`` raises
+  (``source`` as IPython reads it: a ``%magic`` line is a call);
 * the traceback is the standard one, the cell's frames named as the reference names them
   (``<string>``, or ``<cell>``: see ``runtime._cell_file_label``), repeated frames collapsed,
   and the kernel's and the agent's own frames left out.
@@ -41,7 +42,7 @@ def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[
             lines: list[str]
             if isinstance(evalue, SyntaxError) and is_cell_file(shell, evalue.filename):
                 # the cell's text does not compile (not a SyntaxError its code raised)
-                evalue = _as_compiled(evalue, source_of())
+                evalue = _as_compiled(shell, evalue, source_of())
                 lines = [_HEADER, *traceback.format_exception_only(type(evalue), evalue)]
             else:
                 lines = list(_formatted(shell, evalue, label_of()))
@@ -91,16 +92,20 @@ def is_cell_file(shell: Any, filename: object) -> bool:
         return False
 
 
-def _as_compiled(error: SyntaxError, source: str | None) -> SyntaxError:
-    """The syntax error plain ``compile`` raises for the cell's text, where it raises one."""
+def _as_compiled(shell: Any, error: SyntaxError, source: str | None) -> SyntaxError:
+    """The syntax error ``compile`` raises for the cell's text, where it raises one.
+
+    The text is IPython's reading of the cell (a ``%magic`` line becomes a call, on the same
+    line), so that a cell using IPython's syntax is told of its real error, not of the magic.
+    """
     if source is not None:
         try:
-            compile(source, "<string>", "exec", dont_inherit=True)
+            compile(shell.transform_cell(source), "<string>", "exec", dont_inherit=True)
         except SyntaxError as plain:
             return plain.with_traceback(None)
         except Exception:
             pass
-    error.filename = "<string>"  # Python accepts the text: IPython's syntax (a magic) failed
+    error.filename = "<string>"
     return error
 
 
