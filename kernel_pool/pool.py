@@ -66,6 +66,9 @@ class Pool:
         self._free_slots: list[str | None] = self._initial_slots()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._refill_wanted = asyncio.Event()
+        self._failed_starts = 0  # since the refill loop last looked
+        self._last_failure: BaseException | None = None
+        self._restart_delay = config.restart_backoff_seconds[0]
         self._closing = asyncio.Event()
         self._leases_done = asyncio.Event()
         self._leased = 0
@@ -319,27 +322,40 @@ class Pool:
         return kernel
 
     async def _refill_loop(self) -> None:
+        """Start a replacement for each kernel that leaves, as soon as it leaves.
+
+        Each start is a task of its own: a kernel retired while others are starting is
+        replaced at once, not after them (kills coming faster than one start takes would
+        otherwise drain the pool). Kernels still starting count as present, so the pool
+        never runs more than its target. After a failed start the next round of starts
+        waits, twice as long each time in a row, up to the configured largest delay.
+        """
         first, largest = self.config.restart_backoff_seconds
-        delay = first
+        self._restart_delay = first
         while not self._closing.is_set():
             await self._refill_wanted.wait()
             self._refill_wanted.clear()
-            while not self._closing.is_set():
-                missing = self.config.target_kernels - len(self._kernels)
-                if missing <= 0:
-                    break
-                results = await asyncio.gather(
-                    *(self._start_one() for _ in range(missing)), return_exceptions=True
-                )
-                failures = [r for r in results if isinstance(r, KernelStartError)]
-                if len(failures) < len(results):
-                    delay = first  # some kernel started: starting works, no back-off needed
-                if not failures:
-                    continue
-                log.error("kernel start failed (retrying in %.1fs): %s", delay, failures[0])
+            failed, self._failed_starts = self._failed_starts, 0
+            if failed:
+                delay = self._restart_delay
+                log.error("kernel start failed (retrying in %.1fs): %s", delay, self._last_failure)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._closing.wait(), delay)
-                delay = min(delay * 2, largest)
+                self._restart_delay = min(delay * 2, largest)
+            for _ in range(self.config.target_kernels - len(self._kernels)):
+                if self._closing.is_set():
+                    break
+                self._spawn(self._refill_one())
+
+    async def _refill_one(self) -> None:
+        try:
+            await self._start_one()
+        except Exception as exc:  # counted, logged, retried after a delay
+            self._failed_starts += 1
+            self._last_failure = exc
+            self._refill_wanted.set()
+        else:
+            self._restart_delay = self.config.restart_backoff_seconds[0]
 
     async def _drain_tasks(self) -> None:
         """Let resets and kills finish (bounded); cancel what is still running after that."""

@@ -382,6 +382,27 @@ async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
         assert stats.last_start_error
 
 
+async def test_each_retired_kernel_is_replaced_at_once() -> None:
+    # starts that take a while: a kernel retired while another's replacement is still
+    # starting must be replaced at once, not after it (else kills that come faster than a
+    # start takes drain the pool and requests wait)
+    config = PoolConfig(size=3, setup_code="import time\ntime.sleep(2.0)\n")
+    async with Pool(config) as pool:
+        for _ in range(2):
+            async with pool.lease() as lease:
+                lease.retire()
+            await asyncio.sleep(0.4)
+        states = pool.stats().kernels_by_state
+        assert states["starting"] == 2, states
+        assert states["idle"] == 1, states
+        deadline = time.monotonic() + 30
+        while pool.stats().idle < 3:
+            assert time.monotonic() < deadline, pool.stats()
+            assert sum(pool.stats().kernels_by_state.values()) <= 3  # never above the target
+            await asyncio.sleep(0.05)
+        assert pool.stats().retirements["requested"] == 2
+
+
 async def test_kernel_that_exits_while_idle_is_never_leased(pool: Pool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
