@@ -32,6 +32,10 @@ class PoolConfig:
     start with what it loads (modules that ``setup_code`` would otherwise compile in every
     kernel). It must be safe to fork after: no threads, event loops or open sockets.
     Spawned kernels never see it; ``setup_code`` must work without it."""
+    forked_setup_code: str | None = None
+    """Run instead of ``setup_code`` in kernels forked from the fork server, which start
+    with what ``fork_setup_code`` loaded (``None``: ``setup_code``). A kernel runs its setup
+    as a cell, which IPython reads token by token: a short one starts the kernel sooner."""
     preload: str | None = None
     """User code run in every kernel at start; its names become part of the baseline."""
     recycle: RecyclePolicy = RecyclePolicy.RESET

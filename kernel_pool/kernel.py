@@ -249,7 +249,10 @@ class Kernel:
         # execution (user expressions run after the code, and only if it succeeded)
         mark = {"mark": f"{_HELPER}.mark_before_preload()"}
         capture = {"capture": f"{_HELPER}.capture()"}
-        setup = bootstrap + "\n" + (self._config.setup_code or "")
+        setup_code = self._config.setup_code
+        if has_agent and self._config.forked_setup_code is not None:
+            setup_code = self._config.forked_setup_code
+        setup = bootstrap + "\n" + (setup_code or "")
         if self._config.preload:
             await self._startup_step("setup", setup, deadline, mark)
             await self._startup_step("preload", self._config.preload, deadline, capture)

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from kernel_pool import Pool, PoolConfig
 
 from . import __version__
-from .agent import fork_setup_code, setup_code
+from .agent import fork_setup_code, forked_setup_code, setup_code
 from .auth import scrub_secrets
 from .errors import WorkerError, error_response
 from .execution import ExecutionContext, sweep_stale_run_dirs
@@ -62,6 +62,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         fork_server=settings.kernel_start == "fork",
         setup_code=setup_code(),
         fork_setup_code=fork_setup_code(),
+        forked_setup_code=forked_setup_code(),
         preload=preload,
         recycle=settings.recycle,
         max_uses=settings.max_uses,

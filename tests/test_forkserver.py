@@ -336,6 +336,18 @@ async def test_fork_setup_code_runs_once_in_the_fork_server(fork_server: bool) -
         assert [s["prepared_by"] for s in seen] == [None, None]
 
 
+@pytest.mark.parametrize("fork_server", [True, False])
+async def test_forked_kernels_run_the_forked_setup_code_instead(fork_server: bool) -> None:
+    config = PoolConfig(
+        size=1, fork_server=fork_server, fork_setup_code=_FORK_SETUP,
+        setup_code="setup_ran = 'setup_code'\n",
+        forked_setup_code="setup_ran = 'forked_setup_code'\n",
+    )  # fmt: skip
+    async with Pool(config) as pool, pool.lease() as lease:
+        ran = await run(lease, "print(setup_ran)")
+    assert ran == ("forked_setup_code\n" if fork_server else "setup_code\n")
+
+
 async def test_fork_setup_code_that_fails_stops_the_start_with_its_message() -> None:
     pool = Pool(PoolConfig(size=1, fork_setup_code="raise ValueError('bad setup')"))
     with pytest.raises(KernelStartError, match="bad setup"):

@@ -45,13 +45,19 @@ def _load_code() -> str:
     )
 
 
+_INSTALL = f"__import__('sys').modules[{AGENT_PACKAGE!r}].runtime.install(get_ipython())\n"
+
+
 @cache
 def setup_code() -> str:
     """Kernel source that installs the agent, loading it first where it is not loaded yet."""
-    return (
-        _load_code()
-        + f"__import__('sys').modules[{AGENT_PACKAGE!r}].runtime.install(get_ipython())\n"
-    )
+    return _load_code() + _INSTALL
+
+
+def forked_setup_code() -> str:
+    """Kernel source that installs the agent in a kernel forked after :func:`fork_setup_code`
+    ran (the agent is loaded there): one line instead of the agent's whole source."""
+    return _INSTALL
 
 
 def fork_setup_code() -> str:
@@ -61,4 +67,4 @@ def fork_setup_code() -> str:
     return _load_code()
 
 
-__all__ = ["AGENT_PACKAGE", "fork_setup_code", "setup_code"]
+__all__ = ["AGENT_PACKAGE", "fork_setup_code", "forked_setup_code", "setup_code"]
