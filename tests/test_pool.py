@@ -153,6 +153,28 @@ async def test_reset_clears_the_output_cache(pool: Pool, last: bool) -> None:
     assert out == "[] {} '' '' True\n"
 
 
+async def test_reset_forgets_the_source_of_cells_run_since_the_baseline(
+    pool: Pool, last: bool
+) -> None:
+    """IPython keeps each distinct cell text for tracebacks (``linecache``) for the life of
+    the kernel; a reset drops those of the lease's cells, and keeps the preload's."""
+    async with pool.lease() as lease:
+        kernel = lease.kernel_id
+        for n in range(3):
+            await run(lease, f"value = {n}  # marker_cell {n}", last=last and n == 2)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == kernel
+        out = await run(lease, (
+            "import linecache\n"
+            "def kept(text):\n"
+            "    entries = [linecache.cache.get(n) for n in get_ipython().compile._filename_map]\n"
+            "    return sum(text in ''.join(e[2]) for e in entries if e)\n"
+            "print(kept('marker' + '_cell'), kept('model = {' + \"'weights'\"))\n"
+        ))  # fmt: skip
+    assert out == "0 1\n"
+
+
 async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
