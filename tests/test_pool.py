@@ -175,6 +175,34 @@ async def test_reset_forgets_the_source_of_cells_run_since_the_baseline(
     assert out == "0 1\n"
 
 
+async def test_what_a_failed_cell_held_is_freed_after_the_reset(pool: Pool, last: bool) -> None:
+    """A failed cell's traceback, its frames and what they hold are not kept for good (the
+    reset's collection used to find them alive and freeze them with the baseline)."""
+    async with pool.lease() as lease:
+        kernel = lease.kernel_id
+        result = await lease.execute((
+            "import weakref, xml\n"
+            "class Held:\n"
+            "    pass\n"
+            "def fail():\n"
+            "    held = Held()\n"
+            "    xml.held_by_failed_cell = weakref.ref(held)\n"
+            "    raise ValueError('on purpose')\n"
+            "fail()\n"
+        ), deadline=time.monotonic() + 20, last=last)  # fmt: skip
+        assert not result.ok
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == kernel
+        out = await run(lease, (
+            "import gc, xml\n"
+            "gc.collect()\n"
+            "print(xml.held_by_failed_cell() is None)\n"
+            "del xml.held_by_failed_cell\n"
+        ))  # fmt: skip
+    assert out == "True\n"
+
+
 async def test_reset_reuses_the_same_kernel_when_clean(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
