@@ -297,17 +297,27 @@ class Pool:
         if kernel.state is KernelState.IDLE and kernel.kernel_id in self._kernels:
             self._retire(kernel, RetireReason.DIED)
 
-    async def _start_one(self) -> Kernel:
+    def _add_kernel(self) -> Kernel:
+        """A kernel not started yet, counted in the pool from now on (it holds a slot)."""
         assert self._private_dir is not None
-        kernel = Kernel(
-            self.config,
-            self._private_dir,
-            self._kernel_dirs,
-            self._free_slots.pop(),
-            on_death=self._on_kernel_death,
-            fork_server=self._fork_server,
-        )
+        slot = self._free_slots.pop()
+        try:
+            kernel = Kernel(
+                self.config,
+                self._private_dir,
+                self._kernel_dirs,
+                slot,
+                on_death=self._on_kernel_death,
+                fork_server=self._fork_server,
+            )
+        except BaseException:
+            self._free_slots.append(slot)
+            raise
         self._kernels[kernel.kernel_id] = kernel
+        return kernel
+
+    async def _start_one(self, kernel: Kernel | None = None) -> Kernel:
+        kernel = kernel if kernel is not None else self._add_kernel()
         try:
             await kernel.start()
         except BaseException as exc:
@@ -345,17 +355,26 @@ class Pool:
             for _ in range(self.config.target_kernels - len(self._kernels)):
                 if self._closing.is_set():
                     break
-                self._spawn(self._refill_one())
+                try:  # counted at once: a wake-up before it starts must not add another
+                    kernel = self._add_kernel()
+                except Exception as exc:
+                    self._start_failed(exc)
+                    break
+                self._spawn(self._refill_one(kernel))
 
-    async def _refill_one(self) -> None:
+    async def _refill_one(self, kernel: Kernel) -> None:
         try:
-            await self._start_one()
-        except Exception as exc:  # counted, logged, retried after a delay
-            self._failed_starts += 1
-            self._last_failure = exc
-            self._refill_wanted.set()
+            await self._start_one(kernel)
+        except Exception as exc:
+            self._start_failed(exc)
         else:
             self._restart_delay = self.config.restart_backoff_seconds[0]
+
+    def _start_failed(self, exc: BaseException) -> None:
+        """Counted, logged by the refill loop, and retried after a delay."""
+        self._failed_starts += 1
+        self._last_failure = exc
+        self._refill_wanted.set()
 
     async def _drain_tasks(self) -> None:
         """Let resets and kills finish (bounded); cancel what is still running after that."""
