@@ -206,20 +206,37 @@ def _remember_signature_checks():
 
 def _skip_idle_flushes(stream):
     """Make ``stream.flush()`` return at once when nothing waits to be sent (an ipykernel
-    ``OutStream`` only: its buffers, their lock and its pending flags are checked)."""
-    names = ("_buffer_lock", "_buffers", "_flush_pending", "_subprocess_flush_pending")
+    ``OutStream`` only: its buffers, their lock and its pending flags are checked).
+
+    Nothing waits only if no send is under way either: the IO thread's timed send takes the
+    buffers (and clears the pending flag) before it encodes and queues them, which takes a
+    millisecond or more for a large output. A flush that returned then let the kernel's
+    idle status be queued ahead of that output, and the pool, which stops reading at idle,
+    lost it. ipykernel's own flush queues behind the send under way, so it is used then.
+    """
+    names = ("_buffer_lock", "_buffers", "_flush_pending", "_subprocess_flush_pending", "_flush")
     if not all(hasattr(stream, name) for name in names) or getattr(stream, "echo", None):
         return
     flush = stream.flush
+    send = stream._flush
     lock = stream._buffer_lock
+    sending = [0]  # sends under way (the IO thread's; the caller's when that thread is gone)
+
+    def counted_send():
+        sending[0] += 1  # before the send clears the pending flag
+        try:
+            send()
+        finally:
+            sending[0] -= 1
 
     def flush_if_pending():
-        if not (stream._flush_pending or stream._subprocess_flush_pending):
+        if not (stream._flush_pending or stream._subprocess_flush_pending or sending[0]):
             with lock:
                 if not any(buffer.tell() for buffer in stream._buffers.values()):
                     return
         flush()
 
+    stream._flush = counted_send
     stream.flush = flush_if_pending
 
 
@@ -429,8 +446,9 @@ def _restore_after_execute():
     """Undo core monkeypatches right after each execution, before the kernel replies.
 
     The kernel's own messaging uses ``json``; a cell that patched it would otherwise make
-    the reply itself unreadable.
+    the reply itself unreadable. Output the cell's subprocesses wrote is passed on first.
     """
+    drain_fd_output()  # noqa: F821 (from _inkernel_streams.py)
     if _baseline:
         _restore_core_modules()
 

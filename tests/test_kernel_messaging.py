@@ -5,6 +5,7 @@ A second subscriber on the kernel's IOPub socket sees exactly what the pool is s
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -182,3 +183,45 @@ async def test_cells_are_named_without_hashing_their_text_in_python(
     assert calls == "0"
     assert names[0] == names[1] != names[2], names
     assert all(n.startswith(tmp) and n.endswith(".py") for n in names), (tmp, names)
+
+
+async def test_output_a_send_under_way_holds_is_not_overtaken_by_idle(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    """The IO thread's timed send (every 0.2 s) takes the buffered output, then encodes it:
+    a cell ending meanwhile must not have its idle status sent ahead of that output (the
+    pool stops reading at idle). The pauses put the cell's end around the timed send."""
+    lease, _listener = leased
+    for i in range(18):
+        pause = 0.196 + (i % 9) * 0.001
+        cell = f"import sys, time\nsys.stdout.write('x' * 4_000_000)\ntime.sleep({pause})"
+        result = await lease.execute(cell, deadline=time.monotonic() + 20)
+        assert result.ok, result.reply
+        assert len(stdout_of(result)) == 4_000_000, f"pause {pause}"
+
+
+async def test_output_of_a_subprocess_reaches_the_cell_that_ran_it(fork_server: bool) -> None:
+    """File-descriptor output passes through a thread of the kernel, which reads the pipe and
+    hands what it read on: the cell's reply waits for it. Here the thread takes 50 ms to
+    hand the second echo on (as on a busy machine); the first one puts it on that path."""
+    cell = (
+        "import os, sys, time\n"
+        "plain_read = os.read\n"
+        "def late_read(fd, n):\n"
+        "    data = plain_read(fd, n)\n"
+        "    if fd == sys.stdout._fid and b'late' in data:\n"
+        "        time.sleep(0.05)\n"
+        "    return data\n"
+        "os.read = late_read\n"
+        "os.system('echo first')\n"
+        "time.sleep(0.05)\n"
+        "os.system('echo late')\n"
+    )
+    # ipykernel captures no descriptor output under pytest (it looks for this variable)
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    config = PoolConfig(size=1, fork_server=fork_server, env=env)
+    async with Pool(config) as pool, pool.lease() as lease:
+        for _ in range(3):
+            result = await lease.execute(cell, deadline=time.monotonic() + 10)
+            assert result.ok, result.reply
+            assert stdout_of(result) == "first\nlate\n"
