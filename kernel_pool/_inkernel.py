@@ -509,7 +509,7 @@ def _drop_tracebacks(shell):
         seen.add(id(exc))
         tb, exc.__traceback__ = exc.__traceback__, None
         while tb is not None:  # should anything else still hold the traceback
-            with contextlib.suppress(RuntimeError):  # a frame still running
+            with contextlib.suppress(Exception):  # a frame still running, a generator's
                 tb.tb_frame.clear()
                 _ = tb.tb_frame.f_locals  # a copy of the locals made earlier is emptied too
             tb = tb.tb_next
