@@ -58,6 +58,15 @@ async def settle(pool: Pool, *, idle: int, timeout: float = 30.0) -> None:
         await asyncio.sleep(0.05)
 
 
+async def run_again_after_reset(pool: Pool, kernel: str, code: str) -> str:
+    """Once the lease on ``kernel`` has been reset: ``code``'s stdout, run on that kernel (a
+    clean reset keeps it, and the pool's only idle kernel is the one leased)."""
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == kernel
+        return await run(lease, code)
+
+
 async def assert_cell_leaves_kernel_unclean(pool: Pool, code: str, *, last: bool) -> None:
     """Run ``code`` as a lease's cell: its kernel is found unclean, retired and replaced."""
     async with pool.lease() as lease:
@@ -139,17 +148,14 @@ async def test_reset_clears_the_output_cache(pool: Pool, last: bool) -> None:
         for _ in range(3):
             await run(lease, "[1, 2, 3]")  # stored history: _<n>, _oh[n], the hook's _
         await run(lease, "get_ipython().user_ns_hidden['_999'] = 'no _oh entry'", last=last)
-    await settle(pool, idle=1)
-    async with pool.lease() as lease:
-        assert lease.kernel_id == kernel  # the reset was clean: the kernel is reused
-        out = await run(lease, (
-            "ip = get_ipython()\n"
-            "inputs = [k for k in globals() if k[:2] == '_i' and k[2:].isdigit()]\n"
-            "mine = max(inputs, key=lambda k: int(k[2:]))  # this cell's own stored input\n"
-            "numbered = [k for k in (*globals(), *ip.user_ns_hidden)\n"
-            "            if k.lstrip('_i').isdigit() and k != mine]\n"
-            "print(numbered, dict(_oh), repr(ip.displayhook._), repr(_), ip.execution_count > 3)\n"
-        ))  # fmt: skip
+    out = await run_again_after_reset(pool, kernel, (
+        "ip = get_ipython()\n"
+        "inputs = [k for k in globals() if k[:2] == '_i' and k[2:].isdigit()]\n"
+        "mine = max(inputs, key=lambda k: int(k[2:]))  # this cell's own stored input\n"
+        "numbered = [k for k in (*globals(), *ip.user_ns_hidden)\n"
+        "            if k.lstrip('_i').isdigit() and k != mine]\n"
+        "print(numbered, dict(_oh), repr(ip.displayhook._), repr(_), ip.execution_count > 3)\n"
+    ))  # fmt: skip
     assert out == "[] {} '' '' True\n"
 
 
@@ -162,16 +168,13 @@ async def test_reset_forgets_the_source_of_cells_run_since_the_baseline(
         kernel = lease.kernel_id
         for n in range(3):
             await run(lease, f"value = {n}  # marker_cell {n}", last=last and n == 2)
-    await settle(pool, idle=1)
-    async with pool.lease() as lease:
-        assert lease.kernel_id == kernel
-        out = await run(lease, (
-            "import linecache\n"
-            "def kept(text):\n"
-            "    entries = [linecache.cache.get(n) for n in get_ipython().compile._filename_map]\n"
-            "    return sum(text in ''.join(e[2]) for e in entries if e)\n"
-            "print(kept('marker' + '_cell'), kept('model = {' + \"'weights'\"))\n"
-        ))  # fmt: skip
+    out = await run_again_after_reset(pool, kernel, (
+        "import linecache\n"
+        "def kept(text):\n"
+        "    entries = [linecache.cache.get(n) for n in get_ipython().compile._filename_map]\n"
+        "    return sum(text in ''.join(e[2]) for e in entries if e)\n"
+        "print(kept('marker' + '_cell'), kept('model = {' + \"'weights'\"))\n"
+    ))  # fmt: skip
     assert out == "0 1\n"
 
 
@@ -191,15 +194,12 @@ async def test_what_a_failed_cell_held_is_freed_after_the_reset(pool: Pool, last
             "fail()\n"
         ), deadline=time.monotonic() + 20, last=last)  # fmt: skip
         assert not result.ok
-    await settle(pool, idle=1)
-    async with pool.lease() as lease:
-        assert lease.kernel_id == kernel
-        out = await run(lease, (
-            "import gc, xml\n"
-            "gc.collect()\n"
-            "print(xml.held_by_failed_cell() is None)\n"
-            "del xml.held_by_failed_cell\n"
-        ))  # fmt: skip
+    out = await run_again_after_reset(pool, kernel, (
+        "import gc, xml\n"
+        "gc.collect()\n"
+        "print(xml.held_by_failed_cell() is None)\n"
+        "del xml.held_by_failed_cell\n"
+    ))  # fmt: skip
     assert out == "True\n"
 
 
