@@ -1,11 +1,12 @@
 """The pool's helper that lives inside every kernel: baseline capture, reset, verification.
 
 This file is never imported by the pool process. Its source, followed by those of
-``_inkernel_state.py``, ``_inkernel_logging.py`` and ``_inkernel_modules.py`` (the
-interpreter, process, logging and module settings a reset restores), is sent to each kernel
-once at start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only). The pool
-then calls its functions through ``user_expressions``, so nothing is ever bound in the
-user namespace by the pool itself.
+``_inkernel_state.py``, ``_inkernel_logging.py``, ``_inkernel_modules.py`` and
+``_inkernel_patches.py`` (the interpreter, process, logging and module settings a reset
+restores) and ``_inkernel_messaging.py`` (what the kernel publishes, and when), is sent to
+each kernel once at start-up and executed there as the module ``_kernel_pool_agent``
+(stdlib only). The pool then calls its functions through ``user_expressions``, so nothing
+is ever bound in the user namespace by the pool itself.
 
 Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook` to have
 its own per-request state cleared by every reset.
@@ -84,160 +85,7 @@ def _start_lazy_infrastructure_threads():
         pass
     _start_lifeline()
     _forbid_tracing_when_unprivileged()
-    _lean_messaging()
-
-
-def _lean_messaging():
-    """Drop per-request work a stock kernel does for clients the pool's kernels never have.
-
-    The pool is a kernel's only client, so: no ``execute_input`` rebroadcast of the code it
-    just sent, and no ``busy`` status (the pool waits for ``idle`` only); ``log.debug``
-    calls that no handler would print build no record; and a flush with nothing buffered
-    skips its round trip to the IO thread. Every execution flushes stdout and stderr four
-    times, each a thread hand-off of about 0.1 ms. Output still reaches IOPub in order: all
-    of it goes through the IO thread, before the idle status.
-    """
-    kernel = getattr(_shell(), "kernel", None)
-    if kernel is None or getattr(kernel, "_kernel_pool_lean", False):
-        return
-    kernel._kernel_pool_lean = True
-    kernel._publish_execute_input = _no_rebroadcast
-    kernel._publish_status = _without_busy(kernel._publish_status)
-    log = getattr(kernel, "log", None)
-    handlers = getattr(log, "handlers", None)
-    if handlers and not getattr(log, "propagate", True):
-        quietest = min(handler.level for handler in handlers)
-        if quietest > log.level:
-            log.setLevel(quietest)
-    for stream in (sys.stdout, sys.stderr):
-        _skip_idle_flushes(stream)
-    _remember_signature_checks()
-    _pack_lone_surrogates(getattr(kernel, "session", None))
-    _hash_cells_in_c(getattr(_shell(), "compile", None))
-
-
-def _hash_cells_in_c(compiler):
-    """Name each cell's code from a hash computed in C.
-
-    ipykernel names a cell's code after a murmur2 hash of its text written in Python: 1.4 ms
-    per 10 KB of source, on every execution. The names keep their form (a file in the
-    kernel's temporary folder, the same for the same text); only the debugger, which the
-    pool's kernels never serve, computed them the other way too.
-    """
-    module = sys.modules.get("ipykernel.compiler")
-    make_name = getattr(module, "get_tmp_directory", None)
-    if make_name is None or type(compiler).__name__ != "XCachingCompiler":
-        return
-    import hashlib
-
-    folder = make_name() + os.sep
-
-    def get_code_name(raw_code, code, number):
-        text = raw_code.encode("utf-8", "surrogatepass")
-        return f"{folder}{hashlib.blake2b(text, digest_size=8).hexdigest()}.py"
-
-    compiler.get_code_name = get_code_name
-
-
-def _pack_lone_surrogates(session):
-    """Send text holding a lone surrogate (``'\\ud800'``) with U+FFFD in its place.
-
-    ipykernel's packer cannot encode one (only those that stand for a byte, which the pool
-    reads as U+FFFD), so the message was never sent: a cell's whole buffered output vanished.
-    """
-    pack = getattr(session, "pack", None)
-    if pack is None or getattr(pack, "kernel_pool_lossless", False):
-        return
-    import json
-
-    def pack_lossless(obj):
-        try:
-            return pack(obj)
-        except ValueError:
-            from jupyter_client.session import json_default
-
-            text = json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
-            text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
-            return text.encode("utf-8")
-
-    pack_lossless.kernel_pool_lossless = True
-    session.pack = pack_lossless
-
-
-def _no_rebroadcast(*args, **kwargs):
-    """``Kernel._publish_execute_input`` for a kernel whose only client sent the code."""
-
-
-def _without_busy(publish_status):
-    def publish_unless_busy(status, *args, **kwargs):
-        if status != "busy":
-            publish_status(status, *args, **kwargs)
-
-    return publish_unless_busy
-
-
-def _remember_signature_checks():
-    """ipykernel inspects ``shell.run_cell``'s signature on every execution (about 60 us);
-    the answer only changes with the function, so it is kept per function."""
-    try:
-        from ipykernel import ipkernel
-    except Exception:
-        return
-    check = getattr(ipkernel, "_accepts_parameters", None)
-    if check is None or getattr(check, "remembers", False):
-        return
-    answers = {}
-
-    def accepts_parameters(meth, param_names):
-        try:
-            key = (getattr(meth, "__func__", meth), tuple(param_names))
-            answer = answers.get(key)
-        except TypeError:  # unhashable: ask every time
-            return check(meth, param_names)
-        if answer is None:
-            if len(answers) >= 64:  # cells that keep replacing run_cell: stay small
-                answers.clear()
-            answer = answers[key] = check(meth, param_names)
-        return dict(answer)
-
-    accepts_parameters.remembers = True
-    ipkernel._accepts_parameters = accepts_parameters
-
-
-def _skip_idle_flushes(stream):
-    """Make ``stream.flush()`` return at once when nothing waits to be sent (an ipykernel
-    ``OutStream`` only: its buffers, their lock and its pending flags are checked).
-
-    Nothing waits only if no send is under way either: the IO thread's timed send takes the
-    buffers (and clears the pending flag) before it encodes and queues them, which takes a
-    millisecond or more for a large output. A flush that returned then let the kernel's
-    idle status be queued ahead of that output, and the pool, which stops reading at idle,
-    lost it. ipykernel's own flush queues behind the send under way, so it is used then.
-    """
-    names = ("_buffer_lock", "_buffers", "_flush_pending", "_subprocess_flush_pending", "_flush")
-    if not all(hasattr(stream, name) for name in names) or getattr(stream, "echo", None):
-        return
-    flush = stream.flush
-    send = stream._flush
-    lock = stream._buffer_lock
-    sending = [0]  # sends under way (the IO thread's; the caller's when that thread is gone)
-
-    def counted_send():
-        sending[0] += 1  # before the send clears the pending flag
-        try:
-            send()
-        finally:
-            sending[0] -= 1
-
-    def flush_if_pending():
-        if not (stream._flush_pending or stream._subprocess_flush_pending or sending[0]):
-            with lock:
-                if not any(buffer.tell() for buffer in stream._buffers.values()):
-                    return
-        flush()
-
-    stream._flush = counted_send
-    stream.flush = flush_if_pending
+    _lean_messaging()  # noqa: F821 (from _inkernel_messaging.py)
 
 
 def _forbid_tracing_when_unprivileged():
@@ -448,7 +296,7 @@ def _restore_after_execute():
     The kernel's own messaging uses ``json``; a cell that patched it would otherwise make
     the reply itself unreadable. Output the cell's subprocesses wrote is passed on first.
     """
-    drain_fd_output()  # noqa: F821 (from _inkernel_streams.py)
+    drain_fd_output()  # noqa: F821 (from _inkernel_messaging.py)
     if _baseline:
         _restore_core_modules()
 

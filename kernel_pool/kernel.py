@@ -51,7 +51,7 @@ _INKERNEL_FILES = (
     "_inkernel_logging",
     "_inkernel_modules",
     "_inkernel_patches",
-    "_inkernel_streams",
+    "_inkernel_messaging",
 )
 _INKERNEL_SOURCE = "\n".join(
     Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
