@@ -31,12 +31,9 @@ def drain_fd_output():
         thread = getattr(stream, "watch_fd_thread", None)
         if pipe is None or thread is None or not getattr(stream, "_should_watch", False):
             continue
-        deadline = None
+        deadline = time.monotonic() + _DRAIN_SECONDS
         while thread.is_alive() and not _passed_on(pipe, stream, thread):
-            now = time.monotonic()
-            if deadline is None:
-                deadline = now + _DRAIN_SECONDS
-            elif now > deadline:
+            if time.monotonic() > deadline:
                 break
             time.sleep(0.0002)  # the thread needs the GIL to pass the bytes on
 
@@ -73,8 +70,8 @@ def _lean_messaging():
     just sent, and no ``busy`` status (the pool waits for ``idle`` only); ``log.debug``
     calls that no handler would print build no record; and a flush with nothing buffered
     skips its round trip to the IO thread. Every execution flushes stdout and stderr four
-    times, each a thread hand-off of about 0.1 ms. Output still reaches IOPub in order: all
-    of it goes through the IO thread, before the idle status.
+    times, each a thread hand-off of about 0.1 ms. Output still reaches IOPub before the idle
+    status: a flush waits for a send under way (see :func:`_skip_idle_flushes`).
     """
     kernel = getattr(_shell(), "kernel", None)  # noqa: F821 (from _inkernel.py)
     if kernel is None or getattr(kernel, "_kernel_pool_lean", False):

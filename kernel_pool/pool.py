@@ -340,8 +340,7 @@ class Pool:
         never runs more than its target. After a failed start the next round of starts
         waits, twice as long each time in a row, up to the configured largest delay.
         """
-        first, largest = self.config.restart_backoff_seconds
-        self._restart_delay = first
+        largest = self.config.restart_backoff_seconds[1]
         while not self._closing.is_set():
             await self._refill_wanted.wait()
             self._refill_wanted.clear()
@@ -372,6 +371,8 @@ class Pool:
 
     def _start_failed(self, exc: BaseException) -> None:
         """Counted, logged by the refill loop, and retried after a delay."""
+        if not isinstance(exc, KernelStartError):  # those are counted where they are raised
+            self._stats.start_failed(f"{type(exc).__name__}: {exc}")
         self._failed_starts += 1
         self._last_failure = exc
         self._refill_wanted.set()

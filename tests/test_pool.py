@@ -453,6 +453,31 @@ async def test_each_retired_kernel_is_replaced_at_once() -> None:
         assert pool.stats().retirements["requested"] == 2
 
 
+async def test_a_replacement_that_cannot_be_made_is_counted_and_retried() -> None:
+    """A replacement whose directory cannot be made (the pool's folder gone for a moment)
+    is a start failure the health figures show; it gives its slot back, so the pool refills
+    once the folder is back."""
+    config = PoolConfig(size=1, restart_backoff_seconds=(0.1, 0.2))
+    async with Pool(config) as pool:
+        private = pool.private_dir
+        assert private is not None
+        away = private.with_name(private.name + "-away")
+        private.rename(away)
+        try:
+            async with pool.lease() as lease:
+                lease.retire()
+            deadline = time.monotonic() + 10
+            while pool.stats().start_failures < 1:
+                assert time.monotonic() < deadline, pool.stats()
+                await asyncio.sleep(0.02)
+            assert "FileNotFoundError" in (pool.stats().last_start_error or "")
+        finally:
+            away.rename(private)
+        await settle(pool, idle=1)
+        async with pool.lease(wait_seconds=10) as lease:
+            assert await run(lease, "print('back')") == "back\n"
+
+
 async def test_kernel_that_exits_while_idle_is_never_leased(pool: Pool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
