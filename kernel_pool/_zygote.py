@@ -10,7 +10,9 @@ Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
 
 - request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare"}``.
   ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
-  kernel finds the module ``_kernel_pool_agent`` already loaded. ``prepare`` (may be empty)
+  kernel finds the module ``_kernel_pool_agent`` already loaded (and its
+  ``before_kernel_app()``, where it has one, runs in each kernel before ipykernel's
+  application starts). ``prepare`` (may be empty)
   is the pool user's ``fork_setup_code``, run here once too: what it loads (modules in
   ``sys.modules``) every kernel forked afterwards has;
 - reply: ``{"id", "pid": N}`` or ``{"id", "error": "..."}``, in the order of the requests.
@@ -144,6 +146,9 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         parent = request["env"].get("JPY_PARENT_PID", "0")
         argv = [*request["argv"], f"--IPKernelApp.parent_handle={parent}"]
         kernelapp = sys.modules["ipykernel.kernelapp"]
+        before_app = getattr(agent, "before_kernel_app", None)
+        if before_app is not None:
+            before_app()
         sys.argv = [str(kernelapp.__file__), *argv]
         _set_command_line([sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
         code = 0

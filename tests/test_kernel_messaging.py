@@ -5,6 +5,7 @@ A second subscriber on the kernel's IOPub socket sees exactly what the pool is s
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -13,7 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.blocking import BlockingKernelClient
 
-from kernel_pool import Lease, Pool, PoolConfig
+from kernel_pool import Lease, Output, Pool, PoolConfig
 
 from .test_pool import stdout_of
 
@@ -225,3 +226,65 @@ async def test_output_of_a_subprocess_reaches_the_cell_that_ran_it(fork_server: 
             result = await lease.execute(cell, deadline=time.monotonic() + 10)
             assert result.ok, result.reply
             assert stdout_of(result) == "first\nlate\n"
+
+
+def _shell_channel_thread_name() -> str:
+    """The name ipykernel gives the thread that reads shell requests (ipykernel 7)."""
+    thread_module = pytest.importorskip("ipykernel.thread")
+    name = getattr(thread_module, "SHELL_CHANNEL_THREAD_NAME", None)
+    if name is None:
+        pytest.skip("this ipykernel reads shell requests on its main thread already")
+    return str(name)
+
+
+async def test_forked_kernels_read_shell_requests_on_the_main_thread(
+    leased: tuple[Lease, IOPubListener], fork_server: bool
+) -> None:
+    """ipykernel 7 reads shell requests in a thread of its own (to route them to subshells,
+    which the pool never opens) and hands each request and reply across: forked kernels
+    read them on the main thread and announce no subshells. Spawned kernels are stock."""
+    name = _shell_channel_thread_name()
+    lease, _listener = leased
+    probe = (
+        "import threading\n"
+        "kernel = get_ipython().kernel\n"
+        f"print([t.name for t in threading.enumerate() if t.name == {name!r}],"
+        " kernel._supports_kernel_subshells, threading.current_thread().name)"
+    )
+    result = await lease.execute(probe, deadline=time.monotonic() + 10)
+    assert result.ok, result.reply
+    if fork_server:
+        assert stdout_of(result) == "[] False MainThread\n"
+    else:
+        assert stdout_of(result) == f"[{name!r}] True MainThread\n"
+
+
+async def test_an_interrupted_async_cell_is_cancelled_and_the_kernel_goes_on(
+    leased: tuple[Lease, IOPubListener],
+) -> None:
+    """An async cell's interrupt takes the path ipykernel picks by comparing the current
+    thread with the shell-channel thread's parent: the cell's coroutine is cancelled. (As
+    in a stock kernel, the signal is handled when the event loop next wakes: here, when
+    the sleep ends.)"""
+    lease, _listener = leased
+    printed: list[str] = []
+    started = asyncio.Event()
+
+    def on_output(output: Output) -> None:
+        if output.msg_type == "stream":
+            printed.append(str(output.content.get("text")))
+            started.set()
+
+    cell = "import asyncio\nprint('waiting', flush=True)\nawait asyncio.sleep(1.5)\nprint('woke')"
+    running = asyncio.ensure_future(
+        lease.execute(cell, deadline=time.monotonic() + 30, on_output=on_output)
+    )
+    await asyncio.wait_for(started.wait(), 10)
+    await lease.interrupt()
+    result = await running
+    assert not result.ok
+    assert result.reply.get("ename") in ("CancelledError", "KeyboardInterrupt"), result.reply
+    assert "".join(printed) == "waiting\n"
+    after = await lease.execute("print('still here')", deadline=time.monotonic() + 10)
+    assert after.ok, after.reply
+    assert stdout_of(after) == "still here\n"
