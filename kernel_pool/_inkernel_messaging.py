@@ -21,6 +21,7 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
 """
 
 import array
+import contextlib
 import fcntl
 import os
 import sys
@@ -94,10 +95,10 @@ def before_kernel_app():
         init_sockets(self, *args, **kwargs)
         thread = self.shell_channel_thread
         if thread and not thread.is_alive():
-            loop = getattr(thread, "io_loop", None)
-            if loop is not None:
-                loop.close()
             self.shell_channel_thread = _NoShellChannelThread()
+            # its loop, never run: failing to close it is no reason to fail the kernel's start
+            with contextlib.suppress(Exception):
+                thread.io_loop.close()
 
     IPKernelApp.init_sockets = init_sockets_without_shell_thread
     Kernel._supports_kernel_subshells = property(lambda kernel: bool(kernel.shell_channel_thread))
