@@ -9,17 +9,19 @@ series (it is reported, not retried).
 from __future__ import annotations
 
 import asyncio
+import http.client
 import io
 import logging
 import os
 import tarfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from . import lean_client
 from .cases import Case, PreparedRequest, check_bundle
 from .errors import Failure
 from .http_floor import RECEIVED_BYTES_HEADER, RESPONSE_BYTES_HEADER
@@ -31,6 +33,7 @@ log = logging.getLogger("bench.measure")
 
 RESPONSE_CAP = 4000
 SETTLE_SECONDS = 180.0
+LEAN_TIMEOUT_SECONDS = 900.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,29 +62,45 @@ class HttpTarget:
             await self.server.wait_healthy(self.client, SETTLE_SECONDS)
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    status: int
+    headers: Mapping[str, str]
+    content: bytes
+
+
 async def _post(
-    target: HttpTarget, request: PreparedRequest, headers: dict[str, str]
-) -> tuple[httpx.Response | None, Attempt]:
-    """POST the case's body to the target; the response (when 200) and the attempt so far."""
+    target: HttpTarget, request: PreparedRequest, headers: dict[str, str], *, lean: bool
+) -> tuple[_Answer | None, Attempt]:
+    """POST the case's body to the target; the answer (when 200) and the attempt so far.
+
+    ``lean``: with :mod:`bench.lean_client` instead of the target's httpx client.
+    """
+    url = target.url + "/v1/execute"
     started = time.perf_counter()
     try:
-        response = await target.client.post(
-            target.url + "/v1/execute", content=request.body, headers=headers
-        )
-    except httpx.HTTPError as exc:
+        if lean:
+            got = await lean_client.apost(url, request.body, headers, LEAN_TIMEOUT_SECONDS)
+            answer = _Answer(got.status, got.headers, got.content)
+        else:
+            response = await target.client.post(url, content=request.body, headers=headers)
+            answer = _Answer(response.status_code, response.headers, response.content)
+    except (httpx.HTTPError, OSError, http.client.HTTPException) as exc:
         return None, Attempt(time.perf_counter() - started, None, f"transport: {exc!r}")
     seconds = time.perf_counter() - started
-    if response.status_code != 200:
-        text = response.text[:RESPONSE_CAP]
-        return None, Attempt(seconds, response.status_code, f"HTTP {response.status_code}", text)
-    return response, Attempt(seconds, 200, None)
+    if answer.status != 200:
+        text = answer.content[:RESPONSE_CAP].decode("utf-8", "replace")
+        return None, Attempt(seconds, answer.status, f"HTTP {answer.status}", text)
+    return answer, Attempt(seconds, 200, None)
 
 
-def http_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> RunOnce:
+def http_runner(
+    target: HttpTarget, case: Case, request: PreparedRequest, *, lean: bool = False
+) -> RunOnce:
     headers = {"content-type": request.content_type}
 
     async def run() -> Attempt:
-        response, attempt = await _post(target, request, headers)
+        response, attempt = await _post(target, request, headers, lean=lean)
         if response is None:
             return attempt
         problem = await asyncio.to_thread(check_bundle, case, response.content)
@@ -91,7 +110,9 @@ def http_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> Run
     return run
 
 
-def floor_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> RunOnce:
+def floor_runner(
+    target: HttpTarget, case: Case, request: PreparedRequest, *, lean: bool = False
+) -> RunOnce:
     """The case's own request to the HTTP floor, asking for a response of its output's size."""
     headers = {
         "content-type": request.content_type,
@@ -99,7 +120,7 @@ def floor_runner(target: HttpTarget, case: Case, request: PreparedRequest) -> Ru
     }
 
     async def run() -> Attempt:
-        response, attempt = await _post(target, request, headers)
+        response, attempt = await _post(target, request, headers, lean=lean)
         if response is None:
             return attempt
         received = response.headers.get(RECEIVED_BYTES_HEADER)

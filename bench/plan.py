@@ -13,14 +13,15 @@ MB = 1_000_000
 
 @dataclass(frozen=True, slots=True)
 class Reps:
-    """Measured repetitions per target (the raw kernel and the HTTP floor use ``ours``)."""
+    """Measured repetitions per target (the raw kernel, the HTTP floor and the lean-client
+    series use ``ours``)."""
 
     ours: int
     fresh: int
     reference: int
 
     def for_target(self, target: str) -> int:
-        if target in ("ours", "raw", "http"):
+        if target in ("ours", "raw", "http", "http_lean", "ours_lean"):
             return self.ours
         return self.fresh if target == "fresh" else self.reference
 

@@ -8,8 +8,14 @@ from typing import Any
 from .stats import ratio
 
 TARGET_ORDER = ("raw", "ours", "fresh", "reference")
-TRANSFER_ORDER = ("raw", "http", "raw_plus_http", "ours", "fresh", "reference")
-TRANSFER_HEADS = {"raw_plus_http": "raw+http"}
+TRANSFER_ORDER = ("raw", "http", "raw_plus_http", "ours", "fresh", "reference", "http_lean",
+                  "raw_plus_http_lean", "ours_lean")  # fmt: skip
+TRANSFER_HEADS = {
+    "raw_plus_http": "raw+http",
+    "http_lean": "http lean",
+    "raw_plus_http_lean": "r+h lean",
+    "ours_lean": "ours lean",
+}
 
 
 def fmt_seconds(value: float | None) -> str:
@@ -68,8 +74,8 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         value: float | None = _get(worker, "cases", case, "ratios", which)
         return value
 
-    def rate(case: str) -> float | None:
-        value: float | None = _get(worker, "transfer", case, "mb_per_second", "ours")
+    def rate(case: str, target: str = "ours") -> float | None:
+        value: float | None = _get(worker, "transfer", case, "mb_per_second", target)
         return value
 
     tput = _get(worker, "throughput", "4", "ours", "cells_per_second")
@@ -94,6 +100,10 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 rate("input_100mb"), lambda v: v >= 500),
         _target("worker: 100 MB output, effective MB/s", ">= 500",
                 rate("output_100mb"), lambda v: v >= 500),
+        _target("worker: 100 MB input, effective MB/s, lean client", ">= 500",
+                rate("input_100mb", "ours_lean"), lambda v: v >= 500),
+        _target("worker: 100 MB output, effective MB/s, lean client", ">= 500",
+                rate("output_100mb", "ours_lean"), lambda v: v >= 500),
         _target("worker: throughput, 2 kernels, 4 clients (cells/s)", ">= 100",
                 tput, lambda v: v >= 100),
         _target("worker: churn (--spares 1), others' p99/p50", "<= 5x",

@@ -60,7 +60,9 @@ def p50(summary: Summary | None) -> float | None:
     return None if summary is None else summary.p50
 
 
-BASE_TARGETS = ("raw", "http", "ours", "fresh", "reference")
+LEAN_TARGETS = ("http_lean", "ours_lean")
+"""The HTTP floor and ours again, from :mod:`bench.lean_client` (transfer cases only)."""
+BASE_TARGETS = ("raw", "http", "ours", "fresh", "reference", *LEAN_TARGETS)
 
 
 def result_p50(result: dict[str, Any] | None) -> float | None:
@@ -71,10 +73,10 @@ def result_p50(result: dict[str, Any] | None) -> float | None:
     return value
 
 
-def raw_plus_http(results: dict[str, Any]) -> float | None:
+def raw_plus_http(results: dict[str, Any], http: str = "http") -> float | None:
     """The raw kernel's median plus the HTTP floor's: a worker that added nothing."""
-    raw, http = result_p50(results.get("raw")), result_p50(results.get("http"))
-    return None if raw is None or http is None else raw + http
+    raw, floor = result_p50(results.get("raw")), result_p50(results.get(http))
+    return None if raw is None or floor is None else raw + floor
 
 
 def case_ratios(results: dict[str, Any]) -> dict[str, float | None]:
@@ -96,7 +98,8 @@ TRANSFER_MIN_BYTES = 100_000_000
 
 def transfer_rates(cases: dict[str, Any]) -> dict[str, Any]:
     """Effective MB/s (payload bytes / median seconds per request, end to end) for every
-    target on the input and output cases of 100 MB and more, and for ``raw_plus_http``."""
+    target on the input and output cases of 100 MB and more, and for ``raw_plus_http`` (and
+    ``raw_plus_http_lean``, with the lean client's floor)."""
     rates: dict[str, Any] = {}
     for name, case in cases.items():
         nbytes = case.get("bytes") or 0
@@ -105,6 +108,8 @@ def transfer_rates(cases: dict[str, Any]) -> dict[str, Any]:
         targets = case.get("targets") or {}
         per_target = {t: ratio(nbytes / 1e6, result_p50(targets.get(t))) for t in BASE_TARGETS}
         per_target["raw_plus_http"] = ratio(nbytes / 1e6, raw_plus_http(targets))
+        lean_floor = raw_plus_http(targets, "http_lean")
+        per_target["raw_plus_http_lean"] = ratio(nbytes / 1e6, lean_floor)
         rates[name] = {
             "label": case.get("label", name),
             "bytes": nbytes,

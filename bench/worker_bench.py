@@ -49,13 +49,13 @@ from .processes import (
     server_env,
 )
 from .rawkernel import RawKernel
-from .stats import case_ratios, transfer_rates
+from .stats import LEAN_TARGETS, TRANSFER_MIN_BYTES, case_ratios, transfer_rates
 
 log = logging.getLogger("bench.worker")
 
 ROOT = Path(__file__).resolve().parent.parent
 START_SECONDS = 180.0
-_POOLED = ("raw", "http", "ours")  # fast, warm targets: measured interleaved
+_POOLED = ("raw", "http", "ours", *LEAN_TARGETS)  # fast, warm targets: measured interleaved
 INTERLEAVE_BLOCK = 5
 HTTP_TIMEOUT_SECONDS = 900.0
 
@@ -252,6 +252,12 @@ class WorkerBench:
             runners["http"] = (floor_runner(targets.floor, case, request), request.description)
         for target in targets.http:
             runners[target.name] = (http_runner(target, case, request), request.description)
+        if floor and case.input_bytes + case.output_bytes >= TRANSFER_MIN_BYTES:
+            # the same request from the lean client: what the server side itself sustains
+            lean = f"{request.description} (lean client)"
+            runners["http_lean"] = (floor_runner(targets.floor, case, request, lean=True), lean)
+            ours = targets.by_name["ours"]
+            runners["ours_lean"] = (http_runner(ours, case, request, lean=True), lean)
         return runners
 
     async def _case(self, case: Case, targets: Targets) -> dict[str, Any]:
