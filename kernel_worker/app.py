@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pwd
@@ -27,8 +28,9 @@ from . import __version__
 from .agent import fork_setup_code, forked_setup_code, setup_code
 from .auth import scrub_secrets
 from .errors import WorkerError, error_response
-from .execution import ExecutionContext, sweep_stale_run_dirs
+from .execution import KEPT_DIR_PREFIX, ExecutionContext, sweep_stale_run_dirs
 from .fastpath import FastPath
+from .file_reuse import ReusableFiles
 from .jobs import JobQueue
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
@@ -94,9 +96,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         hardware_report(), settings.console_cap, owner, inline_io=memory_backed(run_root)
     )
     metrics = WorkerMetrics(
-        pool, lambda: {"queue_depth": jobs.queued, "active_executions": state.active_executions}
+        pool,
+        lambda: {
+            "queue_depth": jobs.queued,
+            "active_executions": state.active_executions,
+            "kept_file_bytes": state.reusable_files.held_bytes if state.reusable_files else 0,
+        },
     )
     state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
+    if context.inline_io and owner is None and settings.file_reuse_bytes > 0:
+        folder = run_root / f"{KEPT_DIR_PREFIX}{os.getpid()}"
+        state.reusable_files = ReusableFiles(folder, settings.file_reuse_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -108,15 +118,21 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
         client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
         state.http_client = client
+        releasing = _release_idle_files(state.reusable_files)
         try:
             yield
         finally:
             state.http_client = None
             await client.aclose()
+            releasing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await releasing
             if metrics_server is not None:
                 metrics_server.shutdown()
             await jobs.aclose()
             await pool.aclose()
+            if state.reusable_files is not None:
+                await asyncio.to_thread(state.reusable_files.close)
             if owner is not None and settings.run_root is not None:
                 await asyncio.to_thread(shutil.rmtree, settings.run_root, True)
 
@@ -144,6 +160,20 @@ async def _unexpected_error_handler(request: Request, exc: Exception) -> Respons
     log.error("unexpected error %s on %s %s", error_id, request.method, request.url.path,
               exc_info=exc)  # fmt: skip
     return JSONResponse({"detail": f"Internal error (id {error_id})"}, status_code=500)
+
+
+def _release_idle_files(files: ReusableFiles | None) -> asyncio.Future[None]:
+    """The task that removes kept files no request took in time (see file_reuse)."""
+
+    async def release() -> None:
+        if files is None:
+            return
+        while True:
+            await asyncio.sleep(files.idle_seconds / 4)
+            if files.count:
+                await asyncio.to_thread(files.release_idle)
+
+    return asyncio.ensure_future(release())
 
 
 def _private_run_root(parent: Path | None) -> Path:

@@ -53,6 +53,10 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _size_or_zero(text: str) -> int:
+    return 0 if text.strip() == "0" else _size(text)
+
+
 def _slots(text: str) -> tuple[str, ...]:
     try:
         return parse_gpu_slots(text)
@@ -182,6 +186,14 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         f"{ENV_PREFIX}CONSOLE_CAP",
         _size,
         "characters of stdout/stderr kept per stream (default 16M)",
+    ),
+    (
+        "--file-reuse-bytes",
+        f"{ENV_PREFIX}FILE_REUSE_BYTES",
+        _size_or_zero,
+        "on a memory filesystem, large files of finished runs kept (up to this many bytes, "
+        "for 60 s) so later large inputs are written over their pages instead of new ones "
+        "(default 256M; 0: off; always off with --kernel-user)",
     ),
     (
         "--bundle-compresslevel",

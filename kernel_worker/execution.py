@@ -108,11 +108,14 @@ _RUN_SUBDIRS = ("inputs", "work", "files", "display")
 
 
 RUN_DIR_PREFIX = "skw-run-"
-_STALE = re.compile(rf"^{RUN_DIR_PREFIX}(\d+)-")
+KEPT_DIR_PREFIX = "skw-kept-"
+"""The folder of a worker's kept files (see file_reuse): ``skw-kept-<pid>``."""
+_STALE = re.compile(rf"^(?:{RUN_DIR_PREFIX}(\d+)-|{KEPT_DIR_PREFIX}(\d+)$)")
 
 
 def sweep_stale_run_dirs(parent: Path | None) -> int:
-    """Remove run dirs left by workers that died without cleaning up (blocking).
+    """Remove run dirs (and kept files) left by workers that died without cleaning up
+    (blocking).
 
     Only directories whose owning process no longer exists are touched, so workers sharing
     a run root leave each other alone. Returns how many were removed.
@@ -122,7 +125,8 @@ def sweep_stale_run_dirs(parent: Path | None) -> int:
     with contextlib.suppress(OSError):
         for entry in os.scandir(root):
             match = _STALE.match(entry.name)
-            if match and entry.is_dir(follow_symlinks=False) and not _alive(int(match[1])):
+            owner = match and int(match[1] or match[2])
+            if owner and entry.is_dir(follow_symlinks=False) and not _alive(owner):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 removed += 1
     return removed

@@ -20,6 +20,7 @@ from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import BadRequest, NotFound, error_response, status_for, storage_checked
 from .execution import SMALL_IO_BYTES, RunDir, offload
+from .file_reuse import MIN_FILE_BYTES, keep_and_remove
 from .heartbeat import HeartbeatResponse, ended_within
 from .jobs import Job
 from .mount_probe import cached_bytes
@@ -290,7 +291,11 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
         and isinstance(result, bytes)
         and job.run_dir.received_bytes <= SMALL_IO_BYTES
     )
-    cleanup = BackgroundTask(offload, small, shutil.rmtree, job.run_dir.root, True)
+    # a run with large files (inputs, or outputs too big for an in-memory bundle) leaves
+    # them for later inputs to be written over (see file_reuse)
+    large = job.run_dir.received_bytes >= MIN_FILE_BYTES or not isinstance(result, bytes)
+    files = state.reusable_files if large else None
+    cleanup = BackgroundTask(offload, small, keep_and_remove, job.run_dir.root, files)
     if isinstance(result, bytes):
         return Response(
             result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
@@ -347,12 +352,21 @@ async def _receive(
         run_dir.inputs,
         max_part_bytes=state.settings.max_input_bytes,
         direct=state.context.inline_io,
+        reuse=state.reusable_files,
+        body_bytes=_content_length(request),
     )
     cell = parse(staged.metadata)
     # renames only: a thread is worth it on a disk, or for many of them
     inline = state.context.inline_io and len(staged.parts) <= 4
     await offload(inline, bind_inputs, cell, staged, run_dir.inputs)
     return cell
+
+
+def _content_length(request: Request) -> int | None:
+    try:
+        return int(request.headers["content-length"])
+    except (KeyError, ValueError):
+        return None
 
 
 async def _counted(

@@ -91,6 +91,8 @@ class Settings:
     queue_depth: int = 32
     job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
+    file_reuse_bytes: int = 256 * 1024 * 1024
+    """Large files of finished runs kept for later inputs to be written over (file_reuse)."""
     bundle_compresslevel: int | None = None
     """gzip level of bundles; None picks by size and a sample (see service._auto_level)."""
     run_root: Path | None = None
@@ -118,6 +120,8 @@ class Settings:
             raise ValueError("queue depth must not be negative")
         if self.job_ttl_seconds <= 0:
             raise ValueError("job TTL must be positive")
+        if self.file_reuse_bytes < 0:
+            raise ValueError("file reuse bytes must not be negative")
         if self.heartbeat_seconds is not None and not self.heartbeat_seconds > 0:
             raise ValueError("heartbeat interval must be positive")
 

@@ -32,6 +32,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from kernel_worker.envelopes import STAGED_PART_PREFIX, CellRequest
 from kernel_worker.errors import BadRequest, PayloadTooLarge
+from kernel_worker.file_reuse import ReusableFiles, open_reused
 
 __all__ = ["METADATA_FIELD", "StagedForm", "bind_inputs", "stage_multipart"]
 
@@ -58,12 +59,16 @@ async def stage_multipart(
     max_metadata_bytes: int = 16 << 20,
     max_parts: int = 1024,
     direct: bool = False,
+    reuse: ReusableFiles | None = None,
+    body_bytes: int | None = None,
 ) -> StagedForm:
     """Receive the whole form from *chunks*, staging each file part into *inputs_dir*.
 
     ``direct``: *inputs_dir* is on a memory filesystem, where a write cannot wait for a
     disk: each chunk goes straight to its file as it arrives (one copy, no batching and no
-    thread); otherwise chunks are batched and written in a thread.
+    thread); otherwise chunks are batched and written in a thread. In direct mode a part
+    that may be large (``body_bytes``, the request's length, tells) is written over a file
+    ``reuse`` kept from an earlier run when one fits (see :mod:`kernel_worker.file_reuse`).
 
     Raises:
         BadRequest: Not multipart/form-data, no boundary, malformed framing, a body cut
@@ -76,6 +81,8 @@ async def stage_multipart(
         inputs_dir,
         _Limits(max_part_bytes, max_metadata_bytes, max_parts),
         direct=direct,
+        reuse=reuse if direct and body_bytes is not None else None,
+        body_bytes=body_bytes or 0,
     )
     epilogue = 0
     try:
@@ -87,6 +94,7 @@ async def stage_multipart(
                     break
                 continue
             parser.feed(chunk)
+            parser.fed += len(chunk)
             for write in parser.pending_writes():
                 await _perform_in_thread(write)
     finally:
@@ -222,6 +230,7 @@ class _Part:
         "header_value",
         "headers",
         "path",
+        "reused",
         "size",
     )
 
@@ -235,6 +244,7 @@ class _Part:
         self.size = 0
         self.created = False  # whether a batch creating the staged file was queued
         self.fd: int | None = None  # direct mode: the staged file, open while data arrives
+        self.reused = False  # written over a kept file: cut to its size at the end
 
 
 class _FormParser:
@@ -249,16 +259,23 @@ class _FormParser:
         "_metadata",
         "_parser",
         "_parts",
+        "_reuse",
         "_seen",
         "_writes",
+        "body_bytes",
+        "fed",
         "finished",
     )
 
     def __init__(
-        self, boundary: bytes, inputs_dir: Path, limits: _Limits, *, direct: bool = False
-    ) -> None:
+        self, boundary: bytes, inputs_dir: Path, limits: _Limits, *, direct: bool = False,
+        reuse: ReusableFiles | None = None, body_bytes: int = 0,
+    ) -> None:  # fmt: skip
         self._dir = inputs_dir
         self._direct = direct
+        self._reuse = reuse
+        self.body_bytes = body_bytes
+        self.fed = 0  # body bytes fed before the current chunk
         self._limits = limits
         self._current: _Part | None = None
         self._metadata: bytes | None = None
@@ -348,7 +365,10 @@ class _FormParser:
             part.path = self._dir / f"{STAGED_PART_PREFIX}{len(self._parts) + 1:04d}"
             self._parts[field] = part.path
             if self._direct:
-                part.fd = os.open(part.path, _CREATE_FLAGS, 0o666)
+                part.fd = self._reused(part.path)
+                part.reused = part.fd is not None
+                if part.fd is None:
+                    part.fd = os.open(part.path, _CREATE_FLAGS, 0o666)
                 part.created = True
 
     def _on_part_data(self, data: bytes, start: int, end: int) -> None:
@@ -368,6 +388,8 @@ class _FormParser:
         if part.path is None:
             self._metadata = bytes(part.buffer)
         elif part.fd is not None:
+            if part.reused:
+                os.ftruncate(part.fd, part.size)
             os.close(part.fd)
             part.fd = None
         else:
@@ -378,6 +400,12 @@ class _FormParser:
         self.finished = True
 
     # -- helpers --
+
+    def _reused(self, path: Path) -> int | None:
+        """A kept file to write this part over, when it may be large enough to be worth it."""
+        if self._reuse is None:
+            return None
+        return open_reused(self._reuse, path, self.body_bytes - self.fed)
 
     def _part(self) -> _Part:
         if self._current is None:  # pragma: no cover - the parser always begins a part

@@ -16,6 +16,7 @@ from .execution import ExecutionContext
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .file_reuse import ReusableFiles
     from .jobs import JobQueue
     from .metrics import WorkerMetrics
     from .mount_cache import MountCache
@@ -45,6 +46,8 @@ class WorkerState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
+    reusable_files: ReusableFiles | None = None
+    """Large files of finished runs, for later inputs (None: off, or not a memory run root)."""
 
     @property
     def active_executions(self) -> int:

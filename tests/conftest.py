@@ -162,7 +162,7 @@ class WorkerProcess:
             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 psutil.Process(pid).kill()
                 raise AssertionError(f"kernel process {pid} outlived its worker")
-        leftovers = list(self.run_dir.glob("skw-run-*"))
+        leftovers = [*self.run_dir.glob("skw-run-*"), *self.run_dir.glob("skw-kept-*")]
         if self._owns_run_dir:
             shutil.rmtree(self.run_dir, ignore_errors=True)
         assert not leftovers, f"run directories left behind: {leftovers}"

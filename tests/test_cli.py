@@ -66,9 +66,16 @@ def test_heartbeat_interval_from_the_reference_variable_or_the_flag() -> None:
         settings_from([], {"STRATA_WORKER_HEARTBEAT_SECONDS": "nan"})
 
 
+def test_file_reuse_budget_from_the_flag_or_the_environment_and_zero_turns_it_off() -> None:
+    assert settings_from([], {}).file_reuse_bytes == 256 * 1024 * 1024
+    assert settings_from(["--file-reuse-bytes", "64M"], {}).file_reuse_bytes == 64 * 1024 * 1024
+    env = {"STRATA_KERNEL_WORKER_FILE_REUSE_BYTES": "0"}
+    assert settings_from([], env).file_reuse_bytes == 0
+
+
 @pytest.mark.parametrize(
     "argv",
-    [["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
+    [["--file-reuse-bytes", "-1"], ["--file-reuse-bytes", "lots"], ["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
      ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"],
      ["--heartbeat-seconds", "0"], ["--heartbeat-seconds", "-5"], ["--heartbeat-seconds", "inf"]],
 )  # fmt: skip
