@@ -107,7 +107,7 @@ class BenchPlan:
                 # the interleaved targets' medians are the ratios: enough of them (~15 s)
                 reps_small=Reps(100, 3, 3),
                 reps_medium=Reps(30, 3, 3),
-                reps_large=Reps(3, 1, 1),
+                reps_large=Reps(7, 1, 1),  # 3 gave medians one slow request could move
                 reps_huge=Reps(2, 1, 1),
                 preload=PreloadPlan(30, 6, 3, 3),
                 churn=ChurnPlan(10, 200, 60, 0.15, 12, 45.0),
