@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -90,6 +91,18 @@ def wait_gone(pids: Iterable[int], seconds: float, message: str) -> None:
         time.sleep(0.05)
 
 
+def stop_process(proc: subprocess.Popen[Any], grace_seconds: float) -> None:
+    """SIGTERM ``proc``, then SIGKILL it if it is still there after ``grace_seconds``."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace_seconds)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -151,13 +164,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         self.remember_kernels()
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, 30)
         for pid in self.kernel_pids:  # anything the worker failed to stop is a test failure
             if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
                 psutil.Process(pid).kill()

@@ -18,6 +18,8 @@ from typing import IO, Any
 
 import boto3  # type: ignore[import-untyped]
 
+from .conftest import stop_process
+
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
@@ -62,13 +64,8 @@ class S3Server:
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            stop_process(proc, 15)
         if self._drain is not None:
             self._drain.join(timeout=15)
             self._drain = None

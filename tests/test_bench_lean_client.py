@@ -15,7 +15,7 @@ from bench.cases import Case, output_case, prepare_request
 from bench.http_floor import RECEIVED_BYTES_HEADER, RESPONSE_BYTES_HEADER
 from bench.measure import HttpTarget, floor_runner, http_runner
 
-from .conftest import ROOT, WorkerProcess, free_port, wait_gone
+from .conftest import ROOT, WorkerProcess, free_port, stop_process, wait_gone
 
 
 @pytest.fixture
@@ -37,12 +37,7 @@ def floor_url() -> Iterator[str]:
             time.sleep(0.05)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc, 10)
         wait_gone([proc.pid], 5, "the HTTP floor outlived the test")
 
 
