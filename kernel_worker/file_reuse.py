@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import shutil
 import signal
@@ -39,8 +38,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 MIN_FILE_BYTES = 1 << 20
 """Smaller files are not worth keeping: their pages cost microseconds."""
@@ -86,7 +83,7 @@ class ReusableFiles:
     @property
     def held_bytes(self) -> int:
         with self._lock:
-            return sum(k.size for k in self._kept)
+            return self._held()
 
     @property
     def count(self) -> int:
@@ -122,17 +119,17 @@ class ReusableFiles:
         if not self._qualifies(st) or not self._room_left(dir_fd):
             return False
         with self._lock:
-            if sum(k.size for k in self._kept) + st.st_size > self.budget_bytes:
+            if self._held() + st.st_size > self.budget_bytes:
                 return False
         kept = self._move_if_alone(dir_fd, name, st)
         if kept is None:
             return False
         with self._lock:
-            fits = sum(k.size for k in self._kept) + st.st_size <= self.budget_bytes
+            fits = self._held() + st.st_size <= self.budget_bytes
             if fits:
                 self._kept.append(_Kept(kept, st.st_size, self._clock()))
         if not fits:  # another thread filled the budget meanwhile
-            self._remove(kept)
+            _unlink(kept)
         return fits
 
     def take(self, dest: Path, expected_bytes: int) -> bool:
@@ -153,12 +150,12 @@ class ReusableFiles:
                       else max(fitting, key=lambda k: k.size))  # fmt: skip
             self._kept.remove(chosen)
         if os.path.lexists(dest):
-            self._remove(chosen.path)
+            _unlink(chosen.path)
             return False
         try:
             os.rename(chosen.path, dest)
         except OSError:
-            self._remove(chosen.path)
+            _unlink(chosen.path)
             return False
         return True
 
@@ -169,7 +166,7 @@ class ReusableFiles:
             idle = [k for k in self._kept if k.since <= cutoff]
             self._kept = [k for k in self._kept if k.since > cutoff]
         for kept in idle:
-            self._remove(kept.path)
+            _unlink(kept.path)
         return len(idle)
 
     def close(self) -> None:
@@ -179,6 +176,10 @@ class ReusableFiles:
         shutil.rmtree(self.folder, ignore_errors=True)
 
     # -- helpers --
+
+    def _held(self) -> int:
+        """Bytes kept now (the caller holds the lock)."""
+        return sum(k.size for k in self._kept)
 
     def _qualifies(self, st: os.stat_result) -> bool:
         return (
@@ -218,16 +219,16 @@ class ReusableFiles:
                 with contextlib.suppress(OSError):
                     fcntl.fcntl(fd, _F_SETLEASE, fcntl.F_UNLCK)
             if broken:  # someone opened it while it moved: it is not ours alone any more
-                self._remove(target)
+                _unlink(target)
                 return None
             return target
         finally:
             os.close(fd)
 
-    @staticmethod
-    def _remove(path: str) -> None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _lease(fd: int) -> bool:
@@ -251,13 +252,13 @@ def open_reused(files: ReusableFiles, dest: Path, expected_bytes: int) -> int | 
     try:
         fd = os.open(dest, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        ReusableFiles._remove(str(dest))
+        _unlink(str(dest))
         return None
     try:
         os.fchmod(fd, 0o666 & ~_UMASK)
     except OSError:
         os.close(fd)
-        ReusableFiles._remove(str(dest))
+        _unlink(str(dest))
         return None
     return fd
 

@@ -28,6 +28,7 @@ from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
 from .streaming import CHUNK_BYTES, BundleStream, BundleStreamResponse, watching_for_disconnect
+from .transfers import declared_length
 
 if TYPE_CHECKING:
     from .state import WorkerState
@@ -353,20 +354,13 @@ async def _receive(
         max_part_bytes=state.settings.max_input_bytes,
         direct=state.context.inline_io,
         reuse=state.reusable_files,
-        body_bytes=_content_length(request),
+        body_bytes=declared_length(request.headers),
     )
     cell = parse(staged.metadata)
     # renames only: a thread is worth it on a disk, or for many of them
     inline = state.context.inline_io and len(staged.parts) <= 4
     await offload(inline, bind_inputs, cell, staged, run_dir.inputs)
     return cell
-
-
-def _content_length(request: Request) -> int | None:
-    try:
-        return int(request.headers["content-length"])
-    except (KeyError, ValueError):
-        return None
 
 
 async def _counted(

@@ -76,7 +76,7 @@ async def download(
                 raise UpstreamFailed(
                     f"Failed to download notebook input {uri}: {response.status_code}{suffix}"
                 )
-            declared = _declared_length(response)
+            declared = declared_length(response.headers)
             if declared is not None and declared > cap:
                 raise PayloadTooLarge(
                     f"Notebook input {uri} declared {declared} bytes, exceeds {cap}-byte cap"
@@ -88,9 +88,10 @@ async def download(
         raise UpstreamFailed(f"Failed to download notebook input {uri}: {_why(exc)}") from None
 
 
-def _declared_length(response: httpx.Response) -> int | None:
+def declared_length(headers: Mapping[str, str]) -> int | None:
+    """A message's ``Content-Length``, or None when it has none (or not a number)."""
     try:
-        return int(response.headers["content-length"])
+        return int(headers["content-length"])
     except (KeyError, ValueError):
         return None
 
