@@ -92,8 +92,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
         settings = replace(settings, run_root=_private_run_root(settings.run_root))
     run_root = settings.run_root if settings.run_root is not None else Path(tempfile.gettempdir())
+    inline_io = memory_backed(run_root)
+    reusable = None
+    if inline_io and owner is None and settings.file_reuse_bytes > 0:
+        folder = run_root / f"{KEPT_DIR_PREFIX}{os.getpid()}"
+        reusable = ReusableFiles(folder, settings.file_reuse_bytes)
     context = ExecutionContext(
-        hardware_report(), settings.console_cap, owner, inline_io=memory_backed(run_root)
+        hardware_report(), settings.console_cap, owner, inline_io=inline_io, reuse=reusable
     )
     metrics = WorkerMetrics(
         pool,
@@ -104,9 +109,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
-    if context.inline_io and owner is None and settings.file_reuse_bytes > 0:
-        folder = run_root / f"{KEPT_DIR_PREFIX}{os.getpid()}"
-        state.reusable_files = ReusableFiles(folder, settings.file_reuse_bytes)
+    state.reusable_files = reusable
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

@@ -29,6 +29,7 @@ from . import output_dirs
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed
+from .file_reuse import ReusableFiles
 from .messages import JupyterDisplay, OutputReducer
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,8 @@ class ExecutionContext:
     """(uid, gid) of the kernels when they run as another user: they get the run dir."""
     inline_io: bool = False
     """Run directories are on a memory filesystem: small file work runs inline (see offload)."""
+    reuse: ReusableFiles | None = None
+    """Kept files of earlier runs, offered to the kernel for large outputs (see file_reuse)."""
 
 
 SMALL_IO_BYTES = 256 * 1024
@@ -241,6 +244,10 @@ async def run_cell(
         if folders
         else build_plan(request, run_dir, mounts)
     )
+    reuse = context.reuse
+    offered = reuse.offer() if reuse is not None else []
+    if offered:
+        plan["spares"] = offered
     if context.kernel_owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, context.kernel_owner)
     reducer = OutputReducer(context.console_cap)
@@ -262,6 +269,9 @@ async def run_cell(
         raise KernelCrashed(
             f"The kernel running the cell died (exit status {exc.exit_code})"
         ) from None
+    finally:
+        if reuse is not None and offered:
+            reuse.forget_taken(offered)
     duration_ms = int((time.monotonic() - started) * 1000)
     small = context.inline_io and not reducer.displays and _size(run_dir.report) <= SMALL_IO_BYTES
     return await offload(small, _outcome, result, reducer, run_dir, context, duration_ms, folders)

@@ -1,4 +1,5 @@
-"""Large files of finished runs, kept so the next large input is written over their pages.
+"""Large files of finished runs, kept so the next large input or output is written over their
+pages.
 
 On a memory filesystem (tmpfs, the default run root) a file's pages are allocated and
 zeroed as it is first written, and freed when it is removed: for a 100 MB input that was
@@ -6,7 +7,10 @@ zeroed as it is first written, and freed when it is removed: for a 100 MB input 
 over in place keeps its pages. So when a run directory is removed, its large regular files
 (an input, a kernel's output, a bundle file) are moved into a private folder instead, up to
 a byte budget, and a later large input part is staged into one of them: renamed into the
-new run directory, written from its start, cut to the length written.
+new run directory, written from its start, cut to the length written. Each run's plan also
+offers the kept files to its kernel, whose agent takes one the same way for a large Arrow
+output once the cell has finished (``offer``; ``forget_taken`` afterwards). The rename
+decides who gets a file both reach for: the loser writes a new one.
 
 A file is only kept when nothing else can still read it. Another process with it open or
 mapped (an Arrow table or array a cell kept that still points into its input file, a
@@ -41,6 +45,8 @@ from pathlib import Path
 
 MIN_FILE_BYTES = 1 << 20
 """Smaller files are not worth keeping: their pages cost microseconds."""
+OFFERED_FILES = 4
+"""How many kept files a run's plan offers its kernel for outputs (the newest)."""
 
 # fcntl names missing from some Python builds (values from <fcntl.h> on Linux)
 _F_SETLEASE = getattr(fcntl, "F_SETLEASE", 1024)
@@ -158,6 +164,19 @@ class ReusableFiles:
             _unlink(chosen.path)
             return False
         return True
+
+    def offer(self, limit: int = OFFERED_FILES) -> list[tuple[str, int]]:
+        """``(path, size)`` of up to ``limit`` kept files, newest first, for a kernel to take
+        by renaming (they stay listed here until :meth:`forget_taken`)."""
+        with self._lock:
+            return [(k.path, k.size) for k in reversed(self._kept[-limit:])]
+
+    def forget_taken(self, offered: list[tuple[str, int]]) -> None:
+        """Stop listing the offered files a kernel took (renamed away) during its run."""
+        gone = {path for path, _ in offered if not os.path.lexists(path)}
+        if gone:
+            with self._lock:
+                self._kept = [k for k in self._kept if k.path not in gone]
 
     def release_idle(self) -> int:
         """Remove the files kept for ``idle_seconds`` without a taker (blocking)."""

@@ -1,22 +1,26 @@
-"""Large files of finished runs, kept for later inputs: what is kept, what is never kept,
-and that an input written over a kept file is exactly the new input."""
+"""Large files of finished runs, kept for later inputs and outputs: what is kept, what is never
+kept, and that an input or output written over a kept file is exactly the new value."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from kernel_worker.agent import arrow_codec
 from kernel_worker.execution import sweep_stale_run_dirs
 from kernel_worker.file_reuse import (
     MIN_FILE_BYTES,
@@ -27,7 +31,7 @@ from kernel_worker.file_reuse import (
 from kernel_worker.settings import memory_backed
 
 from .conftest import WorkerProcess, start_worker, wait_gone
-from .wire import run_ok
+from .wire import execute, read_bundle, run_ok
 
 SHM = Path("/dev/shm")
 MB = 1 << 20
@@ -156,6 +160,68 @@ def test_a_file_another_process_still_maps_or_holds_open_is_not_kept(
     assert files.keep(path)  # nobody holds it any more
 
 
+def test_offered_files_a_kernel_took_are_forgotten(where: Path) -> None:
+    files = ReusableFiles(where / "kept", 64 * MB)
+    for size in (2 * MB, 3 * MB, 4 * MB):
+        assert files.keep(_file(where / f"f{size}", size))
+    offered = files.offer(limit=2)
+    assert [size for _, size in offered] == [4 * MB, 3 * MB]  # the newest first
+    os.rename(offered[0][0], where / "taken")  # what the kernel's agent does
+    files.forget_taken(offered)
+    assert files.count == 2 and files.held_bytes == 5 * MB
+    assert files.take(where / "again", 4 * MB - 10)  # from what is left: the 3 MB file
+    assert os.path.getsize(where / "again") == 3 * MB
+    files.close()
+
+
+def _stream_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def test_the_agent_writes_a_large_output_over_an_offered_file(where: Path) -> None:
+    import pandas as pd
+
+    spare = _file(where / "spare", 3 * MB, b"\xff")  # stale bytes, longer than the output
+    too_large = _file(where / "too-large", 9 * MB)
+    inode = os.stat(spare).st_ino
+    values = np.arange(2 * MB // 8 + 777, dtype="float64")
+    arrow_codec.offer_spares([[too_large, 9 * MB], [spare, 3 * MB]])
+    try:
+        meta = arrow_codec.write(pd.DataFrame({"v": values}), where / "out.arrow")
+    finally:
+        arrow_codec.offer_spares(None)
+    out = where / "out.arrow"
+    st = out.stat()
+    assert st.st_ino == inode and not os.path.exists(spare)  # the spare became the output
+    assert os.path.exists(too_large)  # more than twice the output: not taken
+    assert st.st_mode & 0o777 == 0o666 & ~_umask()
+    expected = _stream_bytes(arrow_codec.to_table(pd.DataFrame({"v": values})))
+    assert meta["bytes"] == st.st_size == len(expected)  # cut to its own length
+    assert out.read_bytes() == expected  # nothing stale after it
+
+
+def test_the_agent_writes_a_new_file_when_no_offered_file_fits(where: Path) -> None:
+    import pandas as pd
+
+    small = pd.DataFrame({"v": np.arange(1000, dtype="float64")})  # under 1 MiB: never
+    spare = _file(where / "spare", 2 * MB)
+    arrow_codec.offer_spares([[spare, 2 * MB], [str(where / "vanished"), 2 * MB]])
+    try:
+        arrow_codec.write(small, where / "small.arrow")
+        assert os.path.exists(spare)
+        os.unlink(spare)  # taken by the worker meanwhile: the agent writes a new file
+        large = pd.DataFrame({"v": np.arange(200_000, dtype="float64")})
+        meta = arrow_codec.write(large, where / "large.arrow")
+    finally:
+        arrow_codec.offer_spares(None)
+    assert meta["bytes"] == (where / "large.arrow").stat().st_size
+    table = pa.ipc.open_stream((where / "large.arrow").read_bytes()).read_all()
+    assert table.num_rows == 200_000
+
+
 def test_a_run_directory_leaves_its_large_files_and_goes(where: Path) -> None:
     files = ReusableFiles(where / "kept", 64 * MB)
     root = where / "run"
@@ -261,6 +327,30 @@ def test_a_later_input_is_written_over_a_kept_file_and_is_exactly_itself(
                  if line.startswith("strata_kernel_worker_kept_file_bytes ")]  # fmt: skip
     held = sum(p.stat().st_size for p in _kept(reuse_worker))
     assert held >= 2 * MB and len(gauge) == 1 and float(gauge[0].split()[-1]) == held
+
+
+_OUTPUT = "import numpy as np, pandas as pd\nout = pd.DataFrame({{'v': {values}}})\ndel np, pd\n"
+
+
+def test_a_later_output_is_written_over_a_kept_file_and_is_exactly_itself(
+    reuse_worker: WorkerProcess,
+) -> None:
+    with httpx.Client(base_url=reuse_worker.url, timeout=60) as client:
+        first = run_ok(client, _OUTPUT.format(values="np.full(3 * 2**20 // 8, -1.0)"))
+        kept = {p.stat().st_ino: p.stat().st_size for p in _settled(reuse_worker)}
+        assert first.variables["out"]["bytes"] in kept.values()  # its file was kept
+        response = execute(client, _OUTPUT.format(values="np.arange(2**18 + 777.0)"))
+        bundle = read_bundle(response)
+        after = {p.stat().st_ino: p.stat().st_size for p in _settled(reuse_worker)}
+    data = bundle.file("out")
+    assert after.keys() == kept.keys()  # written over a kept file: no new one
+    assert len(data) in after.values()  # and kept again, at its own length
+    assert bundle.variables["out"]["bytes"] == len(data)
+    table = pa.ipc.open_stream(data).read_all()
+    assert table.column("v").to_numpy().tolist() == np.arange(2**18 + 777.0).tolist()
+    with tarfile.open(fileobj=io.BytesIO(response.content)) as tar:
+        member = tar.getmember(bundle.variables["out"]["file"])
+    assert member.size == len(data) and member.mode == 0o666 & ~_umask()
 
 
 def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerProcess) -> None:

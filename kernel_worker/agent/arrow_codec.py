@@ -362,13 +362,86 @@ def write(value: object, path: Path) -> dict[str, object]:
     import pyarrow as pa
 
     table = to_table(value)
-    with (
-        removed_on_error(path),
-        pa.OSFile(str(path), "wb") as sink,
-        pa.ipc.new_stream(sink, table.schema) as writer,
-    ):
-        writer.write_table(table)
+    with removed_on_error(path):
+        reused = _take_spare(path, table)
+        if reused is not None:
+            with reused as raw:  # written over from its start, then cut to what was written
+                with pa.ipc.new_stream(pa.PythonFile(raw, mode="w"), table.schema) as writer:
+                    writer.write_table(table)
+                raw.truncate(raw.tell())
+        else:
+            with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+                w.write_table(table)
     return describe(table, path.name, os.path.getsize(path))
+
+
+# --- Writing over a kept file ---------------------------------------------------------
+# The worker keeps large files of finished runs (kernel_worker.file_reuse) and offers them in
+# each run's plan: on a memory filesystem, writing over a file's pages costs about half of
+# allocating new ones. The rename decides who gets a file the worker also reaches for.
+
+SPARE_MIN_BYTES = 1 << 20
+_spares: list[tuple[str, int]] = []
+"""``(path, size)`` of the kept files offered to this run (see :func:`offer_spares`)."""
+
+
+def offer_spares(spares: object) -> None:
+    """The kept files this run may write its large Arrow outputs over (or none)."""
+    _spares.clear()
+    if isinstance(spares, list):
+        _spares.extend((str(path), int(size)) for path, size in spares)
+
+
+def _take_spare(path: Path, table: Table) -> Any:
+    """A kept file renamed to *path* and opened to be written over, or None.
+
+    Taken only for an output of at least ``SPARE_MIN_BYTES`` and from a file at most twice
+    its size (cutting the rest would cost what reuse saves); the smallest one large enough,
+    else the largest one smaller.
+    """
+    if not _spares or table.nbytes < SPARE_MIN_BYTES:
+        return None
+    import pyarrow as pa
+
+    counter = pa.MockOutputStream()  # the stream's exact length, without writing it
+    with pa.ipc.new_stream(counter, table.schema) as writer:
+        writer.write_table(table)
+    needed = counter.size()
+    fitting = [spare for spare in _spares if spare[1] <= 2 * needed]
+    if needed < SPARE_MIN_BYTES or not fitting:
+        return None
+    large_enough = [spare for spare in fitting if spare[1] >= needed]
+    chosen = (min(large_enough, key=lambda spare: spare[1]) if large_enough
+              else max(fitting, key=lambda spare: spare[1]))  # fmt: skip
+    _spares.remove(chosen)
+    if os.path.lexists(path):
+        return None
+    try:
+        os.rename(chosen[0], path)
+    except OSError:  # taken by the worker or released meanwhile
+        return None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # a new file's mode, as ``OSFile(path, "wb")`` gives
+    except OSError:
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "wb", buffering=0)  # from an open descriptor: nothing is truncated
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux); 0o022 when unknown."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def describe(table: Table, file_name: str, size: int) -> dict[str, object]:

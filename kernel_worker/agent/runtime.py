@@ -13,7 +13,7 @@ import os
 import pathlib
 import sys
 
-from . import codecs, figures, tracebacks
+from . import arrow_codec, codecs, figures, tracebacks
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -167,6 +167,7 @@ def _pre_run_cell(info=None):
 
 def _prepare(shell, run):
     plan = run.plan
+    arrow_codec.offer_spares(plan.get("spares"))
     for key, value in (plan.get("env") or {}).items():
         os.environ[str(key)] = str(value)
     work_dir = plan.get("work_dir")
@@ -306,6 +307,8 @@ def _post_run_cell(result=None):
     except BaseException as exc:  # reported to the worker, never lost in the kernel's log
         with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
             fh.write(_json_dumps({"error": f"{type(exc).__name__}: {exc}"}))
+    finally:
+        arrow_codec.offer_spares(None)  # offered to this run's outputs only
 
 
 def collect(run):
@@ -331,6 +334,7 @@ def collect(run):
 def _end_run():
     run = _state["run"]
     _state["run"] = None
+    arrow_codec.offer_spares(None)
     figures.forget_renders()
     if run is not None:
         _forget_run_imports(run)
