@@ -2,8 +2,9 @@
 
 ``python -m bench.soak --minutes 10`` starts a worker (``--pool-size 2 --spares 1
 --queue-wait 30``) on a free loopback port and, for the given time, sends it a mix of cells
-from 8 clients: trivial cells, JSON and Arrow inputs, cells that raise, short timeouts and
-matplotlib PNG displays. Every cell carries a unique token and its answer must carry exactly
+from 8 clients: trivial cells, JSON and Arrow inputs, cells that raise, short timeouts,
+matplotlib PNG displays, and 1-3 MB Arrow inputs whose doubled values come back as an output
+(large enough to be written over kept files: the output is checked value by value). Every cell carries a unique token and its answer must carry exactly
 that token (in a variable and in stdout), so answers mixed between requests are caught.
 Meanwhile a chaos task SIGKILLs a random kernel every 0.5-1 s. Writes
 ``bench/results/soak.json`` (counts by status and kind, p50/p99 latency, RSS and fd samples,
@@ -38,17 +39,21 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import psutil
 import pyarrow as pa
 
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT
+from kernel_worker.settings import default_run_root
 
 from .processes import free_port, server_env
 from .stats import summarize
 
 ROOT = Path(__file__).resolve().parent.parent
 # kind -> weight; timeouts and displays cost the most kernel time, so they are rarer
-MIX = {"trivial": 40, "json": 15, "arrow": 15, "error": 15, "display": 10, "timeout": 3}
+MIX = {"trivial": 40, "json": 15, "arrow": 15, "error": 15, "display": 10, "timeout": 3,
+       "large": 4}  # fmt: skip
+LARGE_ROWS = (150_000, 420_000)  # float64 values: 1.2-3.4 MB each way
 TIMEOUT_SECONDS = 0.25
 CLIENT_TIMEOUT_SECONDS = 90.0
 RSS_BOUND_MB = 100.0  # worker RSS growth accepted over a run (after a warm-up)
@@ -65,6 +70,8 @@ class Planned:
     token: str
     files: list[FILE_PART]
     variables: dict[str, object]  # name -> expected preview (None: only its presence)
+    doubled: tuple[int, int] | None = None
+    """A large request's (seed, rows): its ``doubled`` output is twice those random values."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +144,13 @@ def plan(index: int, seed: int) -> Planned:
         files = [_metadata(source, [{"name": "t", "format": "arrow/ipc", "file": "t.arrow"}]),
                  ("t.arrow", ("t.arrow", data, octet))]  # fmt: skip
         return Planned(index, kind, tok, files, {"token": tok, "total": sum(values)})
+    if kind == "large":
+        seed, rows = rng.randrange(2**32), rng.randint(*LARGE_ROWS)
+        source = f"token = {tok!r}\ndoubled = t * 2\nprint(token)"
+        data = _arrow(pa.table({"v": _large_values(seed, rows)}))
+        files = [_metadata(source, [{"name": "t", "format": "arrow/ipc", "file": "t.arrow"}]),
+                 ("t.arrow", ("t.arrow", data, octet))]  # fmt: skip
+        return Planned(index, kind, tok, files, {"token": tok, "doubled": None}, (seed, rows))
     if kind == "error":
         source = f"print({tok!r})\nraise ValueError('boom-' + {tok!r})"
         return Planned(index, kind, tok, [_metadata(source, [])], {})
@@ -216,6 +230,8 @@ def _check_bundle(planned: Planned, m: dict[str, Any], members: dict[str, bytes]
     for name, expected in planned.variables.items():
         if expected is not None and variables[name].get("preview") != expected:
             return f"{name} = {variables[name].get('preview')!r}, expected {expected!r}"
+    if planned.doubled is not None:
+        return _check_doubled(planned.doubled, variables["doubled"], members)
     if planned.kind == "display":
         pngs = [d for d in m.get("displays", []) if d.get("content_type") == "image/png"]
         if len(pngs) != 1:
@@ -223,6 +239,28 @@ def _check_bundle(planned: Planned, m: dict[str, Any], members: dict[str, bytes]
         data = base64.b64decode(str(pngs[0].get("inline_data_url", "")).split(",", 1)[-1])
         if not data.startswith(b"\x89PNG"):
             return "the PNG display is not a PNG"
+    return None
+
+
+def _large_values(seed: int, rows: int) -> np.ndarray:
+    return np.random.default_rng(seed).random(rows)
+
+
+def _check_doubled(
+    planned: tuple[int, int], meta: dict[str, Any], members: dict[str, bytes]
+) -> str | None:
+    """Whether the ``doubled`` output is exactly twice this request's input, and no more."""
+    data = members.get(str(meta.get("file")))
+    if data is None:
+        return f"doubled: no member {meta.get('file')!r}"
+    if meta.get("bytes") != len(data):
+        return f"doubled: {len(data)} bytes, the manifest says {meta.get('bytes')}"
+    try:
+        values = pa.ipc.open_stream(data).read_all().column("v").to_numpy()
+    except (pa.ArrowException, KeyError) as exc:
+        return f"doubled: not this Arrow table: {exc!r}"
+    if not np.array_equal(values, 2 * _large_values(*planned)):
+        return f"doubled: {len(values)} values, not twice this request's {planned[1]}"
     return None
 
 
@@ -529,7 +567,9 @@ async def soak(args: argparse.Namespace) -> int:
     kernels = args.pool_size + args.spares
     results = Path(args.results_dir)
     await asyncio.to_thread(results.mkdir, parents=True, exist_ok=True)
-    run_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="soak-runs-"))
+    # where the worker puts run directories by default (a memory filesystem when there is one)
+    where = default_run_root()
+    run_dir = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="soak-runs-", dir=where))
     worker = Worker(args, run_dir, results / "logs" / "soak.log")
     report: dict[str, Any] = {"settings": vars(args)}
     try:
