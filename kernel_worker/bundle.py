@@ -30,15 +30,15 @@ import io
 import json
 import math
 import os
-import stat
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from zlib_ng import zlib_ng
 
+from . import run_files
 from .stored_gzip import GZIP_WBITS, DeflatingGzipWriter, StoredGzipWriter, stored_length
 from .tarwriter import TarWriter
 
@@ -377,30 +377,13 @@ def _add_run_file(tar: TarWriter, run_dir: Path, member: str) -> int | None:
 @contextmanager
 def _open_regular(root: Path, parts: list[str]) -> Iterator[BinaryIO | None]:
     """Open ``root/<parts…>`` following no link on the way; None unless a regular file."""
-    file_fd = _open_no_follow(root, parts)
-    if file_fd is not None and not stat.S_ISREG(os.fstat(file_fd).st_mode):
-        os.close(file_fd)
-        file_fd = None
-    if file_fd is None:
+    try:
+        source = run_files.open_regular(root, parts)
+    except OSError:
         yield None
         return
-    with os.fdopen(file_fd, "rb") as source:
+    with source:
         yield source
-
-
-def _open_no_follow(root: Path, parts: list[str]) -> int | None:
-    """A read-only descriptor for ``root/<parts…>``, or None if any step fails or links."""
-    with ExitStack() as stack:
-        try:
-            fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-            stack.callback(os.close, fd)
-            for part in parts[:-1]:
-                fd = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-                stack.callback(os.close, fd)
-            # O_NONBLOCK: opening a FIFO planted by the cell must not hang the bundle.
-            return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-        except OSError:
-            return None
 
 
 def _json(document: object) -> bytes:

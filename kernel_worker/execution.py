@@ -25,7 +25,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
 
-from . import output_dirs
+from . import output_dirs, run_files
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed
@@ -52,6 +52,8 @@ _MIME_EXTENSIONS = {
 ConsoleListener = Callable[[str, str], None]
 """Receives ``(stream name, text)`` for every console chunk, in order."""
 
+DISPLAY_FOLDER = "display"
+"""The run directory's folder of the cell's Jupyter displays, one file per mime type."""
 _BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
 
 
@@ -75,9 +77,9 @@ class RunDir:
         self.inputs = self.root / "inputs"
         self.work = self.root / "work"
         self.files = self.root / "files"
-        self.display = self.root / "display"
+        self.display = self.root / DISPLAY_FOLDER
         self.report = self.root / "agent-report.json"
-        self.dirs = self.root / "dirs"
+        self.dirs = self.root / output_dirs.FOLDER
 
     @classmethod
     def make(cls, parent: Path | None) -> RunDir:
@@ -105,7 +107,7 @@ class RunDir:
         return cls(Path(root))
 
 
-_RUN_SUBDIRS = ("inputs", "work", "files", "display")
+_RUN_SUBDIRS = ("inputs", "work", "files", DISPLAY_FOLDER)
 
 
 RUN_DIR_PREFIX = "skw-run-"
@@ -301,7 +303,7 @@ def _outcome(
     duration_ms: int,
     folders: tuple[str, ...],
 ) -> CellOutcome:
-    mime = write_jupyter_displays(reducer.displays, run_dir.display)
+    mime = write_jupyter_displays(reducer.displays, run_dir.root)
     report, failure = _report(result, reducer, run_dir)
     common: dict[str, Any] = {
         "mime_displays": mime,
@@ -309,7 +311,7 @@ def _outcome(
         "stderr": reducer.stderr,
         "hardware": context.hardware,
         "duration_ms": duration_ms,
-        "output_dirs": output_dirs.listing(run_dir.dirs, folders),
+        "output_dirs": output_dirs.listing(run_dir.root, folders),
     }
     if failure is not None:
         ename, evalue, traceback = failure
@@ -340,8 +342,8 @@ def _report(
             return {}, (error.ename, error.evalue, error.traceback)
         reply = result.reply
         return {}, (str(reply.get("ename", "Error")), str(reply.get("evalue", "")), "")
-    try:
-        with open(run_dir.report, encoding="utf-8") as fh:
+    try:  # the cell could have put a link there: see run_files
+        with run_files.open_regular(run_dir.root, [run_dir.report.name]) as fh:
             report = json.load(fh)
     except (OSError, ValueError) as exc:
         log.error("the agent left no readable report: %s", type(exc).__name__)
@@ -353,14 +355,20 @@ def _report(
     return report, None
 
 
-def write_jupyter_displays(displays: Sequence[JupyterDisplay], folder: Path) -> list[MimeDisplay]:
-    """Write every mime type of every display as ``<index><ext>`` (blocking: use a thread)."""
+def write_jupyter_displays(displays: Sequence[JupyterDisplay], run_root: Path) -> list[MimeDisplay]:
+    """Write every mime type of every display as ``display/<index><ext>`` in the run
+    directory ``run_root``, each a new file (blocking: use a thread).
+
+    The cell can write in that folder too: whatever it left at a name (a link to a file only
+    the worker may write, a FIFO) is removed, never written through (see run_files).
+    """
     written: list[MimeDisplay] = []
     for index, display in enumerate(displays):
         for mime, value in display.data.items():
             ext = _MIME_EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
             name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
-            (folder / name).write_bytes(_mime_bytes(mime, value))
+            with run_files.create(run_root, [DISPLAY_FOLDER, name]) as fh:
+                fh.write(_mime_bytes(mime, value))
             written.append(MimeDisplay(name, mime, index, display.output_type))
     return written
 

@@ -47,9 +47,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 import re
-import stat
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +55,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
+from kernel_worker import run_files
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
 from kernel_worker.mount_cache import MountCache, Placement, Stopped, object_key
 from kernel_worker.mount_pins import pin_key
@@ -85,6 +84,10 @@ class _Staged:
     """A read-write mount's local copy, and what it held before the cell ran."""
 
     directory: Path
+    run_root: Path
+    parts: tuple[str, ...]
+    """``directory`` below ``run_root``: the cell can write in it, so it is reached through
+    no link from there (see run_files)."""
     baseline: Mapping[str, tuple[int, int]]  # relative path -> (size, mtime_ns)
     options: Mapping[str, object] = field(repr=False)  # may hold secrets
 
@@ -270,7 +273,8 @@ def _stage(
     if len(entries) == 1 and entries[0].name == location.path:
         raise BadRequest(f"Read-write mount '{spec.name}' must name a folder, not one object")
     digest = sha256(spec.uri.encode()).hexdigest()[:12]
-    staging = run_root / "mount_cache" / f"{spec.name}_{digest}" / "staging"
+    parts = ("mount_cache", f"{spec.name}_{digest}", "staging")
+    staging = run_root.joinpath(*parts)
     fetch = _fetcher(spec, location, fs)
     try:
         staging.mkdir(parents=True)
@@ -281,10 +285,10 @@ def _stage(
             for entry in batch:
                 (staging / entry.rel).parent.mkdir(parents=True, exist_ok=True)
             fetch([e.name for e in batch], [str(staging / e.rel) for e in batch])
-        baseline = _file_states(staging)
+        baseline = run_files.regular_files(run_root, parts)
     except OSError as exc:
         raise _local(spec, "stage the read-write copy", exc) from exc
-    return _Staged(directory=staging, baseline=baseline, options=options)
+    return _Staged(staging, run_root, parts, baseline, options)
 
 
 def _fetcher(
@@ -343,12 +347,17 @@ def _sync_all(
         location = locate(spec)
         fs = _filesystem(spec, location, staged.options)
         files = []
-        for rel, state in sorted(_file_states(staged.directory).items()):
+        try:
+            states = run_files.regular_files(staged.run_root, staged.parts)
+        except OSError:  # the cell replaced the folder (with a link): it wrote nothing there
+            logger.warning("mount %s: its folder is gone or a link: nothing synced", spec.name)
+            states = {}
+        for rel, state in sorted(states.items()):
             if staged.baseline.get(rel) == state:
                 continue
             if stop.is_set():
                 raise Stopped
-            written = _upload(spec, location, fs, staged.directory, rel)
+            written = _upload(spec, location, fs, staged, rel)
             if written is not None:
                 files.append(written)
         if files:
@@ -358,10 +367,10 @@ def _sync_all(
 
 
 def _upload(
-    spec: MountSpec, location: Location, fs: _FileSystem, root: Path, rel: str
+    spec: MountSpec, location: Location, fs: _FileSystem, staged: _Staged, rel: str
 ) -> dict[str, object] | None:
     try:
-        source = _open_below(root, rel)
+        source = run_files.open_regular(staged.run_root, [*staged.parts, *rel.split("/")])
     except OSError:  # became a link, or went away, since the walk
         logger.warning("mount %s: not syncing a file that is a link or is gone", spec.name)
         return None
@@ -376,36 +385,6 @@ def _upload(
         except Exception as exc:
             raise _upstream(spec, location, "upload to the mount", exc) from exc
     return {"path": rel, "size": size, "sha256": digest.hexdigest()}
-
-
-def _file_states(root: Path) -> dict[str, tuple[int, int]]:
-    """``{relative path: (size, mtime_ns)}`` of each regular file under *root*; no links."""
-    states: dict[str, tuple[int, int]] = {}
-    for dirpath, _dirnames, filenames in os.walk(root):  # does not descend into links
-        for filename in filenames:
-            path = Path(dirpath, filename)
-            st = path.lstat()
-            if stat.S_ISREG(st.st_mode):
-                states[path.relative_to(root).as_posix()] = (st.st_size, st.st_mtime_ns)
-    return states
-
-
-def _open_below(root: Path, rel: str) -> BinaryIO:
-    """Open *root*/*rel* for reading without following a link at any step below *root*."""
-    *folders, leaf = rel.split("/")
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        for folder in folders:
-            inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-        leaf_fd = os.open(leaf, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
-    finally:
-        os.close(fd)
-    if not stat.S_ISREG(os.fstat(leaf_fd).st_mode):
-        os.close(leaf_fd)
-        raise OSError(f"not a regular file: {rel}")
-    return os.fdopen(leaf_fd, "rb")
 
 
 # --- plumbing --------------------------------------------------------------------------

@@ -2,15 +2,18 @@
 
 The cell gets an empty writable folder bound to ``<name>`` (a ``Path``); whatever regular
 files it holds when the cell ends travel in the bundle as ``dirs/<name>/<relative path>``
-with ``output_dirs`` in the manifest. Links are never followed.
+with ``output_dirs`` in the manifest. Links are never followed (see run_files).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 from pathlib import Path
+
+from . import run_files
+
+FOLDER = "dirs"
+"""The run directory's folder that holds them."""
 
 _DIRECTIVE = re.compile(r"^#\s*@(\w+)\s*(.*?)\s*$")
 
@@ -42,17 +45,21 @@ def prepare(root: Path, names: tuple[str, ...]) -> dict[str, str]:
     return folders
 
 
-def listing(root: Path, names: tuple[str, ...]) -> dict[str, dict[str, int]]:
-    """``{name: {posix relative path: size}}`` of the regular files each folder holds."""
-    result: dict[str, dict[str, int]] = {}
+def listing(run_root: Path, names: tuple[str, ...]) -> dict[str, dict[str, int]]:
+    """``{name: {posix relative path: size}}`` of the regular files each folder of the run
+    directory ``run_root`` holds (a folder replaced by a link holds none)."""
+    return {
+        name: {rel: size for rel, (size, _mtime) in sorted(versions.items())}
+        for name, versions in versions_of(run_root, names).items()
+    }
+
+
+def versions_of(run_root: Path, names: tuple[str, ...]) -> dict[str, dict[str, tuple[int, int]]]:
+    """``{name: {posix relative path: (size, mtime_ns)}}``, as :func:`listing`."""
+    result: dict[str, dict[str, tuple[int, int]]] = {}
     for name in names:
-        folder = root / name
-        files: dict[str, int] = {}
-        for dirpath, _dirnames, filenames in os.walk(folder, followlinks=False):
-            for filename in filenames:
-                path = Path(dirpath) / filename
-                info = path.lstat()
-                if stat.S_ISREG(info.st_mode):
-                    files[path.relative_to(folder).as_posix()] = info.st_size
-        result[name] = dict(sorted(files.items()))
+        try:
+            result[name] = run_files.regular_files(run_root, [FOLDER, name])
+        except OSError:
+            result[name] = {}
     return result

@@ -76,11 +76,9 @@ class OutputDirStreamer:
 
     def _versions(self) -> dict[tuple[str, str], Version]:
         versions: dict[tuple[str, str], Version] = {}
-        for folder, files in output_dirs.listing(self._root, self._names).items():
-            for rel in files:
-                with contextlib.suppress(OSError):
-                    info = (self._root / folder / rel).lstat()
-                    versions[(folder, rel)] = (info.st_size, info.st_mtime_ns)
+        for folder, files in output_dirs.versions_of(self._root, self._names).items():
+            for rel, version in files.items():
+                versions[(folder, rel)] = version
         return versions
 
     async def _upload(self, key: tuple[str, str], version: Version) -> None:
@@ -90,7 +88,7 @@ class OutputDirStreamer:
         try:
             response = await self._client.post(
                 url,
-                content=file_chunks(self._root / folder / rel),
+                content=file_chunks(self._root, [output_dirs.FOLDER, folder, *rel.split("/")]),
                 headers={"Content-Type": "application/octet-stream"},
                 timeout=self._timeout,
             )

@@ -150,7 +150,7 @@ def _streamer(
     if manifest.output_file_url is None or not names:
         return None
     return OutputDirStreamer(
-        client, manifest.output_file_url, run_dir.dirs, names, timeout_seconds=timeout_seconds
+        client, manifest.output_file_url, run_dir.root, names, timeout_seconds=timeout_seconds
     )
 
 

@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
-import stat
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -21,6 +19,7 @@ from zlib_ng import zlib_ng
 
 from kernel_pool import PoolClosed
 
+from . import run_files
 from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
@@ -216,7 +215,8 @@ def _write(
         length = stored_bundle_length(run_dir.root, outcome) if level == 0 else None
         return BundleStream(write, length=length, on_bytes=stream_counting)
     path = run_dir.root / "bundle.tar.gz"
-    with open(path, "wb") as fh:
+    # a new file, whatever the cell left at that name (see run_files)
+    with run_files.create(path.parent, [path.name]) as fh:
         write_bundle(run_dir.root, outcome, fh, compresslevel=level)
     return path
 
@@ -226,17 +226,14 @@ def _payload_bytes(run_dir: RunDir, outcome: CellOutcome) -> int:
     return len(outcome.stdout) + len(outcome.stderr) + sum(size for _path, size in files)
 
 
-def _run_files(run_dir: RunDir) -> list[tuple[str, int]]:
-    """(path, size) of every regular file the bundle may take from the run directory."""
-    found: list[tuple[str, int]] = []
+def _run_files(run_dir: RunDir) -> list[tuple[list[str], int]]:
+    """(path parts, size) of every regular file the bundle may take from the run directory
+    (reached through no link: see run_files)."""
+    found: list[tuple[list[str], int]] = []
     for folder in (run_dir.files, run_dir.display, run_dir.dirs):
-        for dirpath, _dirs, files in os.walk(folder):
-            for name in files:
-                path = os.path.join(dirpath, name)
-                with contextlib.suppress(OSError):
-                    info = os.lstat(path)
-                    if stat.S_ISREG(info.st_mode):
-                        found.append((path, info.st_size))
+        with contextlib.suppress(OSError):
+            for rel, (size, _mtime) in run_files.regular_files(run_dir.root, [folder.name]).items():
+                found.append(([folder.name, *rel.split("/")], size))
     return found
 
 
@@ -268,7 +265,7 @@ def _sample_of_largest(run_dir: RunDir) -> bytes:
         return b""
     largest, size = max(files, key=lambda entry: entry[1])
     try:
-        with open(largest, "rb") as fh:
+        with run_files.open_regular(run_dir.root, largest) as fh:
             fh.seek(max(0, size // 2 - _SAMPLE_BYTES // 2))  # past any header
             return fh.read(_SAMPLE_BYTES)
     except OSError:

@@ -16,15 +16,17 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 import httpx
 
-from .errors import PayloadTooLarge, UpstreamFailed
+from . import run_files
+from .errors import PayloadTooLarge, UpstreamFailed, WorkerError
 from .execution import ConsoleListener
 from .streaming import CHUNK_BYTES  # bundle reads; input writes are batched to about this
 
@@ -152,20 +154,31 @@ async def deliver_bundle(
 async def _upload(
     client: httpx.AsyncClient, target: UploadTarget, bundle: Path, timeout_seconds: float
 ) -> None:
-    size = (await asyncio.to_thread(bundle.stat)).st_size
+    try:  # the run directory is the cell's to write in: no link is followed (see run_files)
+        source = await asyncio.to_thread(run_files.open_regular, bundle.parent, [bundle.name])
+    except OSError as exc:
+        raise WorkerError(f"The run's bundle could not be read back: {exc}") from None
+    with source:
+        await _send(client, target, source, timeout_seconds)
+
+
+async def _send(
+    client: httpx.AsyncClient, target: UploadTarget, source: BinaryIO, timeout_seconds: float
+) -> None:
+    size = os.fstat(source.fileno()).st_size
     headers = httpx.Headers()
     method = "POST"
     if target.fields is not None:
         boundary = secrets.token_hex(16)
         head, tail = _multipart_frame(target.fields, boundary)
-        body = _framed(head, file_chunks(bundle), tail)
+        body = _framed(head, _chunks(source), tail)
         headers["Content-Type"] = f"multipart/form-data; boundary={boundary}"
         headers["Content-Length"] = str(len(head) + size + len(tail))
     else:
         if target.method == "PUT":
             method = "PUT"
             headers.update(target.headers)
-        body = file_chunks(bundle)
+        body = _chunks(source)
         headers["Content-Type"] = "application/x-tar"
         headers["Content-Length"] = str(size)
     async with client.stream(
@@ -224,9 +237,16 @@ async def _framed(head: bytes, chunks: AsyncIterator[bytes], tail: bytes) -> Asy
     yield tail
 
 
-async def file_chunks(path: Path) -> AsyncIterator[bytes]:
-    """*path* in chunks, each read in a thread."""
-    source = await asyncio.to_thread(open, path, "rb")
+async def file_chunks(root: Path, parts: Sequence[str]) -> AsyncIterator[bytes]:
+    """The regular file ``root/<parts…>`` (reached through no link) in chunks, each read in a
+    thread."""
+    source = await asyncio.to_thread(run_files.open_regular, root, parts)
+    async for chunk in _chunks(source):
+        yield chunk
+
+
+async def _chunks(source: BinaryIO) -> AsyncIterator[bytes]:
+    """An open file's bytes in chunks, each read in a thread; the file is closed after."""
     try:
         while chunk := await asyncio.to_thread(source.read, CHUNK_BYTES):
             yield chunk

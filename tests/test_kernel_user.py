@@ -14,12 +14,13 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from .conftest import WorkerProcess, start_worker
-from .wire import run_ok
+from .wire import execute, read_bundle, run_ok
 
 USER = "nobody"
 TOKEN = "kernel-user-token-4242"
@@ -127,3 +128,64 @@ def test_kernels_cannot_read_each_other(confined: WorkerProcess) -> None:
         bundle = run_ok(c, source, targets)
     assert bundle.variables["results"]["preview"] == ["denied"]
 
+
+
+# -- the run directory is the cell's: links and FIFOs it plants there are never followed ------
+
+
+@pytest.fixture
+def root_only() -> Iterator[str]:
+    """A folder only root may enter, holding ``secret.json`` (what a cell must never reach)."""
+    folder = tempfile.mkdtemp(prefix="skw-root-only-")
+    os.chmod(folder, 0o700)
+    with open(os.path.join(folder, "secret.json"), "w", encoding="utf-8") as fh:
+        fh.write(json.dumps({"error": "ROOT-ONLY-SECRET"}))
+    os.chmod(os.path.join(folder, "secret.json"), 0o600)
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _answer(worker: WorkerProcess, source: str) -> httpx.Response:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    with httpx.Client(base_url=worker.url, timeout=60, headers=auth) as c:
+        return execute(c, source)
+
+
+def test_a_display_file_the_cell_linked_elsewhere_is_not_written_through(
+    confined: WorkerProcess, root_only: str
+) -> None:
+    target = os.path.join(root_only, "secret.json")
+    before = Path(target).read_bytes()
+    source = (
+        f"import os\nos.symlink({target!r}, '../display/0.txt')\n"
+        "os.mkfifo('../display/1.txt')\n"  # would hang a worker thread that opened it
+        "from IPython.display import display\ndisplay('first')\ndisplay('second')\n"
+    )
+    bundle = read_bundle(_answer(confined, source))
+    assert Path(target).read_bytes() == before  # the root-only file is untouched
+    # the worker wrote its own files instead (the Jupyter displays' mime files)
+    assert bundle.members["display/0.txt"] == b"'first'"
+    assert bundle.members["display/1.txt"] == b"'second'"
+
+
+def test_a_report_the_cell_linked_to_a_root_only_file_is_not_read(
+    confined: WorkerProcess, root_only: str
+) -> None:
+    target = os.path.join(root_only, "secret.json")
+    response = _answer(confined, f"import os\nos.symlink({target!r}, '../agent-report.json')\n")
+    assert "ROOT-ONLY-SECRET" not in response.text
+    manifest = read_bundle(response).manifest
+    assert manifest["success"] is False
+    assert "did not report" in manifest["error"]
+
+
+def test_an_output_folder_the_cell_swapped_for_a_link_lists_nothing(
+    confined: WorkerProcess, root_only: str
+) -> None:
+    source = (
+        "# @output_dir plots\n"
+        f"import os\nos.rmdir(plots)\nos.symlink({root_only!r}, plots)\n"
+    )
+    response = _answer(confined, source)
+    assert "secret" not in response.text
+    assert read_bundle(response).manifest["output_dirs"] == {"plots": {}}

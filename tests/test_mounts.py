@@ -420,6 +420,27 @@ async def test_rw_mount_stages_and_syncs_back_what_the_cell_wrote(
     assert "data/link.txt" not in s3.keys(bucket)
 
 
+async def test_rw_mount_folder_the_cell_swapped_for_a_link_syncs_nothing_from_there(
+    s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
+) -> None:
+    """The cell can write where its copy lives: a link it puts in place of the copy (to a
+    folder only the worker may read) is not followed, so nothing from there is uploaded."""
+    spec = mount(s3, f"s3://{bucket}/data", name="out", mode="rw")
+    result = await materialize([spec], tmp_path / "run", cache)
+    _swap_for_link(Path(result.paths["out"]), tmp_path)
+    assert await sync_back([spec], result) == []
+    assert s3.keys(bucket) == set(OBJECTS)
+
+
+def _swap_for_link(folder: Path, scratch: Path) -> None:
+    """What a cell can do: move its folder away and put a link to another in its place."""
+    elsewhere = scratch / "elsewhere"
+    elsewhere.mkdir()
+    write(elsewhere / "secret.txt", b"not the cell's")
+    folder.rename(scratch / "moved")
+    folder.symlink_to(elsewhere)
+
+
 async def test_rw_writes_stay_local_without_sync_back(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:

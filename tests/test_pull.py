@@ -8,6 +8,7 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -504,3 +505,21 @@ def test_output_dir_files_stream_to_output_file_url(
     assert manifest_json["output_dirs"] == {"plots": {"refused.txt": 18}}
     assert bundle.members["dirs/plots/refused.txt"] == b"kept in the bundle"
     assert "dirs/plots/a.txt" not in bundle.members
+
+
+def test_an_output_folder_swapped_for_a_link_streams_nothing(
+    client: httpx.Client, store: FakeStore, key: str, tmp_path: Path
+) -> None:
+    """The output folder is the cell's: a link it puts in its place (to a folder only the
+    worker may read) is not followed, so nothing from there is uploaded or bundled."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the cell's")
+    source = f"# @output_dir plots\nimport os\nos.rmdir(plots)\nos.symlink({str(elsewhere)!r}, plots)\n"
+    body = manifest(store, key, source, output_file_url=f"{store.url}/output-file/{key}?sig=2")
+    response = client.post("/v1/execute-manifest", json=body)
+    assert response.status_code == 200, response.text
+    assert store.output_files.get(key, {}) == {}
+    bundle = store.bundle(key)
+    assert bundle.manifest["output_dirs"] == {"plots": {}}
+    assert not [name for name in bundle.members if name.startswith("dirs/")]

@@ -1,0 +1,113 @@
+"""Files below a run directory, reached without following links.
+
+With ``--kernel-user`` the kernels' user owns everything below a run directory's root (the
+root's own name, in the worker's private run root, it cannot change). While any process of
+its own runs, it may replace a file or folder there with a link to something only the worker
+may read or write, or with a FIFO. So the worker never resolves such a path by name: each
+step below the root is opened with ``O_NOFOLLOW`` relative to the one before; a file is read
+only when it is regular (opened ``O_NONBLOCK``, so a FIFO cannot hang a thread); and a file is
+written only as a new one (``O_EXCL``), after whatever held its name was removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+from collections.abc import Sequence
+from pathlib import Path
+from typing import BinaryIO
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_CREATE_ATTEMPTS = 3
+
+
+def open_dir(root: Path, parts: Sequence[str]) -> int:
+    """A descriptor for the folder ``root/<parts…>``; no step below ``root`` may be a link.
+
+    Raises:
+        OSError: A step is missing, not a folder, or a link (``ELOOP``/``ENOTDIR``).
+    """
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            _check_name(part)
+            inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def open_regular(root: Path, parts: Sequence[str]) -> BinaryIO:
+    """``root/<parts…>`` opened for reading, if it is a regular file reached through no link.
+
+    Raises:
+        OSError: It is missing, not a regular file, or a step to it is a link.
+    """
+    *folders, leaf = parts
+    _check_name(leaf)
+    dir_fd = open_dir(root, folders)
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(leaf, flags, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"not a regular file: {'/'.join(parts)}")
+    return os.fdopen(fd, "rb")
+
+
+def create(root: Path, parts: Sequence[str]) -> BinaryIO:
+    """A new file at ``root/<parts…>`` for writing (mode ``0o666`` less the umask).
+
+    Whatever held the name (a link, a FIFO, a file) is removed first, never written through.
+
+    Raises:
+        OSError: The folder cannot be reached through no link, or the name keeps being taken.
+    """
+    *folders, leaf = parts
+    _check_name(leaf)
+    dir_fd = open_dir(root, folders)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        for _ in range(_CREATE_ATTEMPTS):
+            try:
+                return os.fdopen(os.open(leaf, flags, 0o666, dir_fd=dir_fd), "wb")
+            except FileExistsError:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(leaf, dir_fd=dir_fd)
+        raise FileExistsError(f"{'/'.join(parts)} kept being created by someone else")
+    finally:
+        os.close(dir_fd)
+
+
+def regular_files(root: Path, parts: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """``{posix relative path: (size, mtime_ns)}`` of the regular files below
+    ``root/<parts…>``; links are neither listed nor followed.
+
+    Raises:
+        OSError: The folder cannot be reached through no link.
+    """
+    found: dict[str, tuple[int, int]] = {}
+    top = open_dir(root, parts)
+    try:
+        for dirpath, _dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=top):
+            for name in filenames:
+                with contextlib.suppress(OSError):  # gone since the folder was listed
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode):
+                        rel = os.path.normpath(os.path.join(dirpath, name))
+                        found[Path(rel).as_posix()] = (st.st_size, st.st_mtime_ns)
+    finally:
+        os.close(top)
+    return found
+
+
+def _check_name(part: str) -> None:
+    """One plain step: not empty, not ``.``/``..``, no separator."""
+    if part in ("", ".", "..") or "/" in part or "\0" in part:
+        raise OSError(f"not a plain name: {part!r}")
