@@ -7,9 +7,10 @@ zeroed as it is first written, and freed when it is removed: for a 100 MB input 
 over in place keeps its pages. So when a run directory is removed, its large regular files
 (an input, a kernel's output, a bundle file) are moved into a private folder instead, up to
 a byte budget, and a later large input part is staged into one of them: renamed into the
-new run directory, written from its start, cut to the length written. Each run's plan also
-offers the kept files to its kernel, whose agent takes one the same way for a large Arrow
-output once the cell has finished (``offer``; ``forget_taken`` afterwards). The rename
+new run directory, written from its start, cut to the length written. A pull run's
+download and its stored bundle file are written the same way (``new_file``). Each run's plan
+also offers the kept files to its kernel, whose agent takes one the same way for a large
+Arrow output once the cell has finished (``offer``; ``forget_taken`` afterwards). The rename
 decides who gets a file both reach for: the loser writes a new one.
 
 A file is only kept when nothing else can still read it. Another process with it open or
@@ -42,6 +43,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
+
+from . import run_files
 
 MIN_FILE_BYTES = 1 << 20
 """Smaller files are not worth keeping: their pages cost microseconds."""
@@ -280,6 +284,21 @@ def open_reused(files: ReusableFiles, dest: Path, expected_bytes: int) -> int | 
         _unlink(str(dest))
         return None
     return fd
+
+
+def new_file(path: Path, files: ReusableFiles | None, expected_bytes: int | None) -> BinaryIO:
+    """A new file at ``path`` for writing (blocking): a kept file that fits
+    ``expected_bytes`` renamed there when there is one, else a new file, whatever held the
+    name removed first (``path`` is in a run directory: see run_files).
+
+    The caller calls ``truncate()`` once it has written everything (a kept file may be
+    longer than what was written over it).
+    """
+    if files is not None and expected_bytes is not None:
+        fd = open_reused(files, path, expected_bytes)
+        if fd is not None:
+            return os.fdopen(fd, "wb")
+    return run_files.create(path.parent, [path.name])
 
 
 def _umask() -> int:

@@ -107,6 +107,7 @@ async def _build(
             await download(
                 client, item.url, run_dir.inputs / item.file, uri=item.uri,
                 cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
+                reuse=state.reusable_files,
             )  # fmt: skip
     streamer = _streamer(client, manifest, run_dir, transfer_seconds)
 

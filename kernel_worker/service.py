@@ -24,6 +24,7 @@ from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundl
 from .envelopes import CellRequest
 from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
+from .file_reuse import ReusableFiles, new_file
 from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
@@ -128,7 +129,7 @@ async def execute_to_bundle(
             bundle = await offload(
                 payload is not None and payload <= SMALL_IO_BYTES,
                 _write, run_dir, outcome, state.settings.bundle_compresslevel, in_memory_limit,
-                payload, state.metrics.bytes_out.inc if stream else None,
+                payload, state.metrics.bytes_out.inc if stream else None, state.context.reuse,
             )  # fmt: skip
         if not isinstance(bundle, BundleStream):  # a stream counts its bytes as they go
             size = len(bundle) if isinstance(bundle, bytes) else bundle.stat().st_size
@@ -198,6 +199,7 @@ def _write(
     in_memory_limit: int,
     payload: int | None = None,
     stream_counting: Callable[[int], object] | None = None,
+    reuse: ReusableFiles | None = None,
 ) -> Path | bytes | BundleStream:
     """Write the bundle (blocking): in memory when small, else to ``bundle.tar.gz``, or
     (given ``stream_counting``, told each chunk's size) not yet: a stream that writes it.
@@ -215,9 +217,11 @@ def _write(
         length = stored_bundle_length(run_dir.root, outcome) if level == 0 else None
         return BundleStream(write, length=length, on_bytes=stream_counting)
     path = run_dir.root / "bundle.tar.gz"
-    # a new file, whatever the cell left at that name (see run_files)
-    with run_files.create(path.parent, [path.name]) as fh:
+    # a stored bundle's length is known: a kept file that fits it can take it
+    expected = stored_bundle_length(run_dir.root, outcome) if level == 0 and reuse else None
+    with new_file(path, reuse, expected) as fh:
         write_bundle(run_dir.root, outcome, fh, compresslevel=level)
+        fh.truncate()  # over a kept file: cut at what was written
     return path
 
 

@@ -28,6 +28,7 @@ import httpx
 from . import run_files
 from .errors import PayloadTooLarge, UpstreamFailed, WorkerError
 from .execution import ConsoleListener
+from .file_reuse import ReusableFiles, new_file
 from .streaming import CHUNK_BYTES  # bundle reads; input writes are batched to about this
 
 __all__ = [
@@ -63,9 +64,17 @@ class UploadTarget:
 
 
 async def download(
-    client: httpx.AsyncClient, url: str, target: Path, *, uri: str, cap: int, timeout_seconds: float
+    client: httpx.AsyncClient,
+    url: str,
+    target: Path,
+    *,
+    uri: str,
+    cap: int,
+    timeout_seconds: float,
+    reuse: ReusableFiles | None = None,
 ) -> int:
-    """Stream *url* into *target*; return its size.
+    """Stream *url* into *target* (over a kept file of ``reuse`` when one fits its declared
+    length: see file_reuse); return its size.
 
     Raises:
         UpstreamFailed: Not a 200 (a redirect included), or the transfer failed.
@@ -83,7 +92,7 @@ async def download(
                 raise PayloadTooLarge(
                     f"Notebook input {uri} declared {declared} bytes, exceeds {cap}-byte cap"
                 )
-            return await _save(response, target, uri, cap)
+            return await _save(response, target, uri, cap, reuse, declared)
     except httpx.TimeoutException as exc:
         raise UpstreamFailed(f"Timed out downloading notebook input {uri}: {_why(exc)}") from None
     except httpx.HTTPError as exc:
@@ -98,9 +107,16 @@ def declared_length(headers: Mapping[str, str]) -> int | None:
         return None
 
 
-async def _save(response: httpx.Response, target: Path, uri: str, cap: int) -> int:
+async def _save(
+    response: httpx.Response,
+    target: Path,
+    uri: str,
+    cap: int,
+    reuse: ReusableFiles | None,
+    declared: int | None,
+) -> int:
     """Write the body as it arrives, batched so each thread hop writes about a megabyte."""
-    out = await asyncio.to_thread(_open_new, target)
+    out = await asyncio.to_thread(new_file, target, reuse, declared)
     try:
         received = 0
         batch: list[bytes] = []
@@ -117,13 +133,10 @@ async def _save(response: httpx.Response, target: Path, uri: str, cap: int) -> i
                 await asyncio.to_thread(out.writelines, batch)
                 batch, batched = [], 0
         await asyncio.to_thread(out.writelines, batch)
+        await asyncio.to_thread(out.truncate)  # a kept file written over may be longer
     finally:
         await asyncio.to_thread(out.close)
     return received
-
-
-def _open_new(path: Path) -> BinaryIO:
-    return open(path, "xb")
 
 
 # ---- the bundle -----------------------------------------------------------------------

@@ -31,6 +31,8 @@ from kernel_worker.file_reuse import (
 from kernel_worker.settings import memory_backed
 
 from .conftest import WorkerProcess, start_worker, wait_gone
+from .fake_store import FakeStore
+from .test_pull import manifest
 from .wire import execute, read_bundle, run_ok
 
 SHM = Path("/dev/shm")
@@ -380,5 +382,58 @@ def test_a_worker_with_file_reuse_off_keeps_nothing(tmp_path_factory: pytest.Tem
             run_ok(client, _DIGEST + "del t", [_blob_input("t", os.urandom(2 * MB), _FRAME)])
         assert _settled(worker) == []
         assert not list(worker.run_dir.glob("skw-kept-*"))
+    finally:
+        worker.stop()
+
+
+# -- pull runs: downloads, outputs and the bundle file ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def store() -> Iterator[FakeStore]:
+    fake = FakeStore()
+    fake.start()
+    yield fake
+    fake.stop()
+
+
+def test_a_pull_run_writes_its_input_output_and_bundle_over_kept_files(
+    tmp_path_factory: pytest.TempPathFactory, store: FakeStore
+) -> None:
+    env = {"STRATA_WORKER_ALLOW_LOCAL_HOSTS": "1"}
+    worker = start_worker(tmp_path_factory, "--pool-size", "1", env=env)
+    try:
+        if not memory_backed(worker.run_dir):
+            pytest.skip("files are only kept on a memory filesystem, and there is none here")
+        source = (
+            "import hashlib, numpy as np, pandas as pd\n"
+            "digest = hashlib.sha256(t['b'][0]).hexdigest()\n"
+            "out = pd.DataFrame({'v': np.random.default_rng(rows).random(rows)})\n"
+            "del t, hashlib, np, pd\n"
+        )
+        kept: dict[int, int] = {}
+        with httpx.Client(base_url=worker.url, timeout=60) as client:
+            for run, megabytes in enumerate((3, 2.5)):
+                data, rows = os.urandom(int(megabytes * MB)), int(megabytes * MB) // 8
+                key = f"reuse-{run}-{os.getpid()}"
+                inputs = {
+                    "t": ({"content_type": "arrow/ipc"}, _blob_input("t", data, _FRAME)[1]),
+                    "rows": ({"content_type": "json/object"}, str(rows).encode()),
+                }
+                body = manifest(store, key, source, inputs)
+                response = client.post("/v1/execute-manifest", json=body)
+                assert response.status_code == 200, response.text
+                bundle = store.bundle(key)
+                variables = bundle.manifest["variables"]
+                assert variables["digest"]["preview"] == hashlib.sha256(data).hexdigest()
+                table = pa.ipc.open_stream(bundle.members[variables["out"]["file"]]).read_all()
+                expected = np.random.default_rng(rows).random(rows)
+                assert np.array_equal(table.column("v").to_numpy(), expected)
+                after = {p.stat().st_ino: p.stat().st_size for p in _settled(worker)}
+                if run == 0:
+                    assert len(after) == 3  # the input, the output and the bundle file
+                    kept = after
+        assert after.keys() == kept.keys()  # all three written over kept files: no new one
+        assert sorted(after.values()) != sorted(kept.values())  # each at its own length
     finally:
         worker.stop()
