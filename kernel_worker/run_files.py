@@ -6,13 +6,15 @@ its own runs, it may replace a file or folder there with a link to something onl
 may read or write, or with a FIFO. So the worker never resolves such a path by name: each
 step below the root is opened with ``O_NOFOLLOW`` relative to the one before; a file is read
 only when it is regular (opened ``O_NONBLOCK``, so a FIFO cannot hang a thread); and a file is
-written only as a new one (``O_EXCL``), after whatever held its name was removed.
+written only as a new one (``O_EXCL``), after whatever held its name was moved aside (it goes
+with the run directory).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import stat
 from collections.abc import Sequence
 from pathlib import Path
@@ -64,7 +66,8 @@ def open_regular(root: Path, parts: Sequence[str]) -> BinaryIO:
 def create(root: Path, parts: Sequence[str]) -> BinaryIO:
     """A new file at ``root/<parts…>`` for writing (mode ``0o666`` less the umask).
 
-    Whatever held the name (a link, a FIFO, a file) is removed first, never written through.
+    Whatever held the name (a link, a FIFO, a file, a folder) is moved aside to a hidden
+    name in the same folder first, never written through.
 
     Raises:
         OSError: The folder cannot be reached through no link, or the name keeps being taken.
@@ -78,8 +81,9 @@ def create(root: Path, parts: Sequence[str]) -> BinaryIO:
             try:
                 return os.fdopen(os.open(leaf, flags, 0o666, dir_fd=dir_fd), "wb")
             except FileExistsError:
+                aside = f".{leaf}.displaced-{secrets.token_hex(4)}"
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(leaf, dir_fd=dir_fd)
+                    os.rename(leaf, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         raise FileExistsError(f"{'/'.join(parts)} kept being created by someone else")
     finally:
         os.close(dir_fd)

@@ -159,13 +159,16 @@ def test_a_display_file_the_cell_linked_elsewhere_is_not_written_through(
     source = (
         f"import os\nos.symlink({target!r}, '../display/0.txt')\n"
         "os.mkfifo('../display/1.txt')\n"  # would hang a worker thread that opened it
+        "os.mkdir('../display/2.txt')\n"
         "from IPython.display import display\ndisplay('first')\ndisplay('second')\n"
+        "display('third')\n"
     )
     bundle = read_bundle(_answer(confined, source))
     assert Path(target).read_bytes() == before  # the root-only file is untouched
     # the worker wrote its own files instead (the Jupyter displays' mime files)
     assert bundle.members["display/0.txt"] == b"'first'"
     assert bundle.members["display/1.txt"] == b"'second'"
+    assert bundle.members["display/2.txt"] == b"'third'"
 
 
 def test_a_report_the_cell_linked_to_a_root_only_file_is_not_read(

@@ -70,7 +70,7 @@ def test_steps_that_are_not_plain_names_are_refused(run: Path, part: str) -> Non
         run_files.open_regular(run, [part])
 
 
-@pytest.mark.parametrize("planted", ["link", "fifo", "file"])
+@pytest.mark.parametrize("planted", ["link", "fifo", "file", "folder"])
 def test_create_replaces_whatever_held_the_name_and_never_writes_through_it(
     run: Path, planted: str
 ) -> None:
@@ -80,6 +80,9 @@ def test_create_replaces_whatever_held_the_name_and_never_writes_through_it(
         target.symlink_to(secret)
     elif planted == "fifo":
         os.mkfifo(target)
+    elif planted == "folder":
+        target.mkdir()
+        (target / "inside").write_text("the cell's own")
     else:
         target.write_text("the cell's own")
     with run_files.create(run, ["files", "0.txt"]) as fh:
