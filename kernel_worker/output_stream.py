@@ -92,7 +92,7 @@ class OutputDirStreamer:
                 headers={"Content-Type": "application/octet-stream"},
                 timeout=self._timeout,
             )
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:  # OSError: gone, or a link, since listed
             log.debug("output file upload failed (will retry): %s", type(exc).__name__)
             return
         if response.status_code == 201:

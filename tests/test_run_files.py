@@ -8,9 +8,11 @@ import stat
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from kernel_worker import run_files
+from kernel_worker.output_stream import OutputDirStreamer
 
 
 @pytest.fixture
@@ -106,3 +108,15 @@ def test_regular_files_lists_no_link_and_follows_none(run: Path) -> None:
     (run / "files").symlink_to(run.parent / "outside")
     with pytest.raises(OSError):
         run_files.regular_files(run, ["files"])
+
+
+async def test_an_output_file_that_became_a_link_after_listing_is_not_uploaded(run: Path) -> None:
+    """The cell may swap a listed file for a link before its upload: nothing is sent (the
+    next pass lists again) and the streamer goes on."""
+    (run / "dirs" / "plots").mkdir(parents=True)
+    link = run / "dirs" / "plots" / "a.txt"
+    link.symlink_to(run.parent / "outside" / "secret")
+    async with httpx.AsyncClient() as client:  # never reached: the file is refused first
+        streamer = OutputDirStreamer(client, "http://127.0.0.1:9/out", run, ("plots",))
+        await streamer._upload(("plots", "a.txt"), (14, 0))
+        assert streamer.streamed() == {}
