@@ -14,6 +14,8 @@ import pytest
 from kernel_worker import run_files
 from kernel_worker.output_stream import OutputDirStreamer
 
+from .fake_store import FakeStore
+
 
 @pytest.fixture
 def run(tmp_path: Path) -> Path:
@@ -116,7 +118,14 @@ async def test_an_output_file_that_became_a_link_after_listing_is_not_uploaded(r
     (run / "dirs" / "plots").mkdir(parents=True)
     link = run / "dirs" / "plots" / "a.txt"
     link.symlink_to(run.parent / "outside" / "secret")
-    async with httpx.AsyncClient() as client:  # never reached: the file is refused first
-        streamer = OutputDirStreamer(client, "http://127.0.0.1:9/out", run, ("plots",))
-        await streamer._upload(("plots", "a.txt"), (14, 0))
-        assert streamer.streamed() == {}
+    store = FakeStore()
+    store.start()
+    try:
+        async with httpx.AsyncClient() as client:
+            url = f"{store.url}/output-file/k?sig=1"
+            streamer = OutputDirStreamer(client, url, run, ("plots",))
+            await streamer._upload(("plots", "a.txt"), (14, 0))
+            assert streamer.streamed() == {}
+    finally:
+        store.stop()
+    assert store.output_files == {}
