@@ -360,7 +360,8 @@ def write_jupyter_displays(displays: Sequence[JupyterDisplay], run_root: Path) -
     directory ``run_root``, each a new file (blocking: use a thread).
 
     The cell can write in that folder too: whatever it left at a name (a link to a file only
-    the worker may write, a FIFO) is removed, never written through (see run_files).
+    the worker may write, a FIFO, a folder) is moved aside, never written through (see
+    run_files).
     """
     written: list[MimeDisplay] = []
     for index, display in enumerate(displays):
