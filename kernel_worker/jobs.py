@@ -19,7 +19,6 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
@@ -29,8 +28,8 @@ from .streaming import BundleStream
 log = logging.getLogger(__name__)
 
 
-JobResult = Path | bytes | BundleStream | dict[str, object]
-"""A bundle (bytes when small, else a file or a stream) or, for pull runs, the JSON answer."""
+JobResult = bytes | BundleStream | dict[str, object]
+"""A bundle (bytes when small, else a stream) or, for pull runs, the JSON answer."""
 
 
 class JobState(enum.Enum):

@@ -7,13 +7,12 @@ import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
-from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 
 from . import __version__
 from .auth import check_bearer
@@ -27,7 +26,7 @@ from .mount_probe import cached_bytes
 from .pull import submit_manifest
 from .service import submit
 from .staging import bind_inputs, stage_multipart
-from .streaming import CHUNK_BYTES, BundleStream, BundleStreamResponse, watching_for_disconnect
+from .streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
 from .transfers import declared_length
 
 if TYPE_CHECKING:
@@ -250,13 +249,6 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
     return await answer(request, state, job)
 
 
-class _BundleFileResponse(FileResponse):
-    """A large bundle, read ~1 MiB at a time (the default 64 KiB costs a thread hop per
-    64 KiB: ~1,600 of them for 100 MB)."""
-
-    chunk_size = CHUNK_BYTES
-
-
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:
     """Wait briefly for a kernel: then answer inline, or 202 with the job's URL."""
     async with watching_for_disconnect(request.receive, job.execution.cancel.set):
@@ -299,10 +291,6 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
     cleanup = BackgroundTask(offload, small, keep_and_remove, job.run_dir.root, files)
     if isinstance(result, bytes):
         return Response(
-            result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
-        )
-    if isinstance(result, Path):
-        return _BundleFileResponse(
             result, media_type="application/x-tar", headers=BUNDLE_HEADERS, background=cleanup
         )
     if isinstance(result, BundleStream):

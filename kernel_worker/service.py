@@ -45,7 +45,7 @@ def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
     """Admit a push-model ``cell`` as a job whose result is its bundle."""
 
     async def work(execution: Execution, job: Job) -> JobResult:
-        return await execute_to_bundle(
+        bundle = await execute_to_bundle(
             state,
             cell,
             run_dir,
@@ -54,6 +54,8 @@ def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
             in_memory_limit=IN_MEMORY_BUNDLE_BYTES,
             stream=True,
         )
+        assert not isinstance(bundle, Path)  # streamed: never a file
+        return bundle
 
     return submit_work(state, cell.build_id, run_dir, work)
 
