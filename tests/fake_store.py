@@ -84,7 +84,8 @@ def bundle_problem(data: bytes) -> str | None:
 
 
 class FakeStore:
-    """Start with :meth:`start`, stop with :meth:`stop`; ``url`` is its base URL."""
+    """Start with :meth:`start`, stop with :meth:`stop` (or use it as a context manager);
+    ``url`` is its base URL."""
 
     def __init__(self, *, slow_log_seconds: float = 0.05) -> None:
         self.blobs: dict[str, bytes] = {}
@@ -119,6 +120,13 @@ class FakeStore:
         self._server.should_exit = True
         self._thread.join(timeout=30)
         assert not self._thread.is_alive(), "fake store did not stop"
+
+    def __enter__(self) -> FakeStore:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
 
     def bundle(self, key: str) -> StoredBundle:
         return open_bundle(self.uploads[key].body)

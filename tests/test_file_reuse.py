@@ -389,19 +389,13 @@ def test_a_worker_with_file_reuse_off_keeps_nothing(tmp_path_factory: pytest.Tem
 # -- pull runs: downloads, outputs and the bundle file ---------------------------------------
 
 
-@pytest.fixture(scope="module")
-def store() -> Iterator[FakeStore]:
-    fake = FakeStore()
-    fake.start()
-    yield fake
-    fake.stop()
-
-
 def test_a_pull_run_writes_its_input_output_and_bundle_over_kept_files(
-    tmp_path_factory: pytest.TempPathFactory, store: FakeStore
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     env = {"STRATA_WORKER_ALLOW_LOCAL_HOSTS": "1"}
     worker = start_worker(tmp_path_factory, "--pool-size", "1", env=env)
+    store = FakeStore()
+    store.start()
     try:
         if not memory_backed(worker.run_dir):
             pytest.skip("files are only kept on a memory filesystem, and there is none here")
@@ -436,4 +430,5 @@ def test_a_pull_run_writes_its_input_output_and_bundle_over_kept_files(
         assert after.keys() == kept.keys()  # all three written over kept files: no new one
         assert sorted(after.values()) != sorted(kept.values())  # each at its own length
     finally:
+        store.stop()
         worker.stop()

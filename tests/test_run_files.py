@@ -118,14 +118,10 @@ async def test_an_output_file_that_became_a_link_after_listing_is_not_uploaded(r
     (run / "dirs" / "plots").mkdir(parents=True)
     link = run / "dirs" / "plots" / "a.txt"
     link.symlink_to(run.parent / "outside" / "secret")
-    store = FakeStore()
-    store.start()
-    try:
+    with FakeStore() as store:
         async with httpx.AsyncClient() as client:
             url = f"{store.url}/output-file/k?sig=1"
             streamer = OutputDirStreamer(client, url, run, ("plots",))
             await streamer._upload(("plots", "a.txt"), (14, 0))
             assert streamer.streamed() == {}
-    finally:
-        store.stop()
     assert store.output_files == {}
