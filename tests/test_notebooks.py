@@ -191,8 +191,13 @@ def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _execute(nb: nbformat.NotebookNode) -> tuple[CellExecutionError | None, list[int]]:
-    """Run *nb* on a fresh ``python3`` kernel; return its error and the processes it leaked."""
+def _execute(
+    nb: nbformat.NotebookNode, tmp: Path
+) -> tuple[CellExecutionError | None, list[int]]:
+    """Run *nb* on a fresh ``python3`` kernel; return its error and the processes it leaked.
+
+    Its temp files (the worker's log) go to *tmp*, not the machine's temp dir.
+    """
     before = _descendants()
     seen: set[int] = set()
 
@@ -211,6 +216,7 @@ def _execute(nb: nbformat.NotebookNode) -> tuple[CellExecutionError | None, list
         on_cell_error=record,
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    env["TMPDIR"] = str(tmp)
     error = None
     try:
         client.execute(env=env)
@@ -235,9 +241,9 @@ def _outputs(cell: nbformat.NotebookNode) -> tuple[str, set[str]]:
 
 
 @pytest.mark.timeout(240)
-def test_quickstart_runs_and_stops_its_worker() -> None:
+def test_quickstart_runs_and_stops_its_worker(tmp_path: Path) -> None:
     nb = nbformat.read(QUICKSTART, as_version=4)
-    error, leaked = _execute(nb)
+    error, leaked = _execute(nb, tmp_path)
     assert error is None, str(error)
     assert leaked == [], "the notebook's worker outlived it"
     code = [cell for cell in nb.cells if cell.cell_type == "code"]
@@ -253,12 +259,12 @@ def test_quickstart_runs_and_stops_its_worker() -> None:
 
 
 @pytest.mark.timeout(240)
-def test_quickstart_stops_its_worker_when_a_cell_fails() -> None:
+def test_quickstart_stops_its_worker_when_a_cell_fails(tmp_path: Path) -> None:
     nb = nbformat.read(QUICKSTART, as_version=4)
     first_code = next(i for i, cell in enumerate(nb.cells) if cell.cell_type == "code")
     nb.cells.insert(
         first_code + 1, nbformat.v4.new_code_cell("raise RuntimeError('a failed cell')")
     )
-    error, leaked = _execute(nb)
+    error, leaked = _execute(nb, tmp_path)
     assert error is not None and "a failed cell" in str(error)
     assert leaked == [], "a failed notebook leaked its worker"
