@@ -281,7 +281,7 @@ async def run_cell(
 
 def _size(path: Path) -> int:
     try:
-        return os.stat(path).st_size
+        return os.stat(path, follow_symlinks=False).st_size
     except OSError:
         return 0
 

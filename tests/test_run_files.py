@@ -5,16 +5,19 @@ from __future__ import annotations
 
 import os
 import stat
+import tarfile
 import threading
 from pathlib import Path
 
 import httpx
 import pytest
 
-from kernel_worker import run_files
+from kernel_worker import run_files, service
+from kernel_worker.execution import RunDir
 from kernel_worker.output_stream import OutputDirStreamer
 
 from .fake_store import FakeStore
+from .test_bundle import outcome
 
 
 @pytest.fixture
@@ -125,3 +128,18 @@ async def test_an_output_file_that_became_a_link_after_listing_is_not_uploaded(r
             await streamer._upload(("plots", "a.txt"), (14, 0))
             assert streamer.streamed() == {}
     assert store.output_files == {}
+
+
+def test_a_bundle_file_the_cell_linked_elsewhere_is_not_written_through(tmp_path: Path) -> None:
+    """A pull run writes its bundle to ``bundle.tar.gz`` in the run directory: a link the
+    cell put there first is moved aside, and the file it pointed at is left as it was."""
+    run_dir = RunDir.make(tmp_path)
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"only the worker's")
+    (run_dir.root / "bundle.tar.gz").symlink_to(victim)
+    result = service._write(run_dir, outcome(variables={}, displays=[], mime_displays=[]), 0, 0)
+    assert result == run_dir.root / "bundle.tar.gz"
+    assert victim.read_bytes() == b"only the worker's"
+    assert stat.S_ISREG(result.lstat().st_mode)
+    with tarfile.open(result) as tar:
+        assert "manifest.json" in tar.getnames()
