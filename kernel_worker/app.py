@@ -109,7 +109,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         },
     )
     state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
-    state.reusable_files = reusable
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

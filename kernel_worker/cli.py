@@ -192,8 +192,8 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         f"{ENV_PREFIX}FILE_REUSE_BYTES",
         _size_or_zero,
         "on a memory filesystem, large files of finished runs kept (up to this many bytes, "
-        "for 60 s) so later large inputs are written over their pages instead of new ones "
-        "(default 256M; 0: off; always off with --kernel-user)",
+        "for 60 s) so later large inputs and outputs are written over their pages instead "
+        "of new ones (default 256M; 0: off; always off with --kernel-user)",
     ),
     (
         "--bundle-compresslevel",

@@ -46,8 +46,12 @@ class WorkerState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
-    reusable_files: ReusableFiles | None = None
-    """Large files of finished runs, for later inputs (None: off, or not a memory run root)."""
+
+    @property
+    def reusable_files(self) -> ReusableFiles | None:
+        """Large files of finished runs, for later inputs and outputs (None: off, or not a
+        memory run root); the execution context's."""
+        return self.context.reuse
 
     @property
     def active_executions(self) -> int:
