@@ -242,6 +242,32 @@ def test_system_exit_is_a_failed_cell_without_ipythons_advice(client: httpx.Clie
     assert bundle.stdout() == "before\n" and bundle.stderr() == ""
 
 
+@pytest.mark.parametrize(
+    "source",
+    ["rows = strata.scan('t')", "def scan():\n    return strata.scan('t')\nrows = scan()"],
+)
+def test_a_cell_that_reaches_for_the_strata_client_is_told_why_it_is_missing(
+    client: httpx.Client, source: str
+) -> None:
+    """The notebook's ``strata`` client exists only in cells its server runs: the error's
+    first line is Python's, the second says why, and the seed's error.json says the same."""
+    bundle = read_bundle(execute(client, source))
+    error = bundle.manifest["error"]
+    first, second = error.split("\n")
+    assert first == "name 'strata' is not defined"
+    assert "strata" in second and "server" in second
+    assert bundle.manifest["traceback"].endswith("NameError: name 'strata' is not defined")
+    assert json.loads(bundle.members["error.json"])["message"] == error
+
+
+@pytest.mark.parametrize(
+    "source", ["rows = stratum.scan('t')", "raise NameError(\"name 'strata' is not defined\")"]
+)
+def test_other_name_errors_keep_their_one_line(client: httpx.Client, source: str) -> None:
+    error = read_bundle(execute(client, source)).manifest["error"]
+    assert "\n" not in error and error.startswith("name 'strata") == ("stratum" not in source)
+
+
 def test_an_exception_group_is_reported_as_the_cell_error(client: httpx.Client) -> None:
     source = "raise ExceptionGroup('two', [ValueError('a'), TypeError('b')])"
     bundle = read_bundle(execute(client, source))

@@ -11,7 +11,9 @@ the worker reports) say what Python says:
   (``source`` as IPython reads it: a ``%magic`` line is a call);
 * the traceback is the standard one, the cell's frames named as the reference names them
   (``<string>``, or ``<cell>``: see ``runtime._cell_file_label``), repeated frames collapsed,
-  and the kernel's and the agent's own frames left out.
+  and the kernel's and the agent's own frames left out;
+* a cell that reaches for the notebook's ``strata`` client, which exists only in cells the
+  notebook's server runs, is told so on a second line of its error (:func:`message`).
 
 Standard library only.
 """
@@ -27,6 +29,30 @@ from typing import Any
 _RUN_CODE_FILE = "IPython/core/interactiveshell.py"
 _AGENT_FILE_PREFIX = "<strata_kernel_agent"
 _HEADER = "Traceback (most recent call last):\n"
+_NO_CLIENT = (
+    "Cells on a worker run without the notebook's `strata` client: read or scan artifacts "
+    "in a cell that runs on the notebook's server, and pass the result to this cell."
+)
+
+
+class _Message:
+    """An exception's report text where it is not ``str(exc)``: what ipykernel sends as the
+    error's ``evalue`` (it only ever takes ``str`` of the value it is given)."""
+
+    def __init__(self, text: str) -> None:
+        self._text = text
+
+    def __str__(self) -> str:
+        return self._text
+
+
+def message(error: BaseException) -> str:
+    """The error text a cell's failure reports: ``str(error)``, and for a ``NameError`` on
+    ``strata`` a second line saying why that name is missing here."""
+    text = str(error)
+    if isinstance(error, NameError) and getattr(error, "name", None) == "strata":
+        return f"{text}\n{_NO_CLIENT}"
+    return text
 
 
 def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[[], str]) -> None:
@@ -47,6 +73,9 @@ def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[
             else:
                 lines = list(_formatted(shell, evalue, label_of()))
             etype, stb = type(evalue), ["".join(lines).rstrip("\n")]
+            text = message(evalue)
+            if text != str(evalue):
+                return original(etype, _Message(text), stb)
         except Exception:
             pass
         return original(etype, evalue, stb)
