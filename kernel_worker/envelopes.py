@@ -247,6 +247,7 @@ def _tables(value: object) -> Mapping[str, object]:
     if not isinstance(value, dict):
         raise BadRequest(f"tables must be an object, not {_json_type(value)}")
     for name, table in value.items():
+        _check_identifier(name, f"Table name '{_echo(name)}'")
         if not isinstance(table, dict) or not isinstance(table.get("uri"), str):
             raise BadRequest(f"Table '{_echo(name)}' must be an object with a string uri")
     return MappingProxyType(dict(value))

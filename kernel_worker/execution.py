@@ -222,6 +222,7 @@ def build_plan(
         "files_dir": str(run_dir.files),
         "report_path": str(run_dir.report),
         "mutation_defines": list(request.mutation_defines),
+        "tables": dict(request.tables),
     }
 
 

@@ -483,6 +483,9 @@ def test_tables_refusals() -> None:
     assert v1_detail(v1(params={"tables": {"t": {"snapshot_id": 1}}})) == (
         "Table 't' must be an object with a string uri"
     )
+    for name in ("a-b", "class", "", "1t"):
+        detail = v1_detail(v1(params={"tables": {name: {"uri": "strata://table/t"}}}))
+        assert detail == f"Table name '{name}' is not a Python identifier"
 
 
 def test_build_id_must_be_a_string() -> None:

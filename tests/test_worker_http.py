@@ -219,6 +219,35 @@ def test_corrupt_input_is_a_clear_cell_error(client: httpx.Client) -> None:
     assert bundle.manifest["error"].startswith("Error deserializing df:")
 
 
+def test_an_r_only_input_fails_the_cell_naming_its_variable(client: httpx.Client) -> None:
+    """The reference's structured error: no "Error deserializing" prefix, no staged path."""
+    bundle = read_bundle(execute(
+        client, "y = model", [({"name": "model", "format": "application/x-r-rds"}, b"X\n")]
+    ))  # fmt: skip
+    assert bundle.manifest["success"] is False
+    error = bundle.manifest["error"]
+    assert error.startswith("Cannot consume R-only artifact (variable 'model') from Python:")
+    assert bundle.manifest["traceback"].splitlines()[-1].endswith(f"RArtifactError: {error}")
+
+
+def test_tables_are_bound_as_their_uri_and_snapshot(solo: httpx.Client) -> None:
+    tables = {
+        "events": {"uri": "strata://table/events", "snapshot_id": 42},
+        "users": {"uri": "s3://bucket/users", "snapshot_id": None},
+    }
+    bundle = run_ok(solo, (
+        "seen = [events, events_snapshot, users, users_snapshot]\nusers = users.upper()"
+    ), tables=tables)  # fmt: skip
+    assert bundle.variables["seen"]["preview"] == [
+        "strata://table/events", 42, "s3://bucket/users", None
+    ]
+    # bound before the cell ran: only a name the cell rebinds is an output
+    assert set(bundle.variables) == {"seen", "users"}
+    assert bundle.variables["users"]["preview"] == "S3://BUCKET/USERS"
+    after = run_ok(solo, "left = [n for n in ('events', 'events_snapshot') if n in dir()]")
+    assert after.variables["left"]["preview"] == []
+
+
 def minor_faults(pid: int) -> int:
     with open(f"/proc/{pid}/stat") as fh:
         return int(fh.read().rsplit(")", 1)[1].split()[7])

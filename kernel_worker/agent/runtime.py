@@ -184,6 +184,12 @@ def _prepare(shell, run):
             value = codecs.load_input(
                 spec["path"], spec["content_type"], injected=injected or None, work_dir=work_dir
             )
+        except codecs.RArtifactError as exc:  # the two errors that name their input
+            raise codecs.RArtifactError(exc.file_path, variable_name=name) from None
+        except codecs.PrecisionError as exc:
+            raise codecs.PrecisionError(
+                exc.stored_dtype, exc.reconstructed_dtype, variable_name=name
+            ) from None
         except Exception as exc:
             raise InputError(f"Error deserializing {name}: {exc}") from exc
         ns[name] = value
@@ -191,6 +197,9 @@ def _prepare(shell, run):
         run.fingerprints[name] = codecs.fingerprint(value)
     for name, path in (plan.get("paths") or {}).items():
         ns[name] = pathlib.Path(path)
+    for name, table in (plan.get("tables") or {}).items():
+        ns[name] = table.get("uri", "")
+        ns[f"{name}_snapshot"] = table.get("snapshot_id")
 
 
 class InputError(Exception):
