@@ -146,6 +146,7 @@ def capture():
         },
         module_table=_Snapshot(sys.modules),
         sys_hooks={name: getattr(sys, name, _MISSING) for name in _SYS_HOOKS},
+        closed_streams=frozenset(_closed_streams()),
         meta_path=list(sys.meta_path),
         path_hooks=list(sys.path_hooks),
         fds=_save_fds(),
@@ -467,6 +468,12 @@ def _pending_loop_work():
     return problems
 
 
+def _closed_streams():
+    for name in ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__"):
+        if getattr(getattr(sys, name, None), "closed", False) is True:
+            yield name
+
+
 def _verify(ns, problems):
     names = _baseline["names"]
     if set(ns) != set(names):
@@ -482,6 +489,8 @@ def _verify(ns, problems):
         if tuple(callbacks[event]) != hooks:
             problems.append(f"a cell registered or removed a {event} hook")
     problems.extend(_pending_loop_work())
+    for name in set(_closed_streams()) - _baseline["closed_streams"]:
+        problems.append(f"sys.{name} was closed")  # no reopening it: later writes would fail
     for thread in threading.enumerate():
         if thread.ident not in _baseline["threads"] and thread.is_alive():
             problems.append(f"thread {thread.name!r} is still running")

@@ -750,3 +750,15 @@ def test_bundle_compression_is_chosen_by_what_compresses(client: httpx.Client) -
     assert not first_block_stored(text.content) and len(text.content) < 500_000
     small = execute(client, "x = 1")
     assert not first_block_stored(small.content)
+
+
+@pytest.mark.parametrize("stream", ["sys.stdout", "sys.stderr", "sys.__stderr__"])
+def test_a_cell_that_closes_a_standard_stream_does_not_break_the_next(
+    solo: httpx.Client, stream: str
+) -> None:
+    """A closed stream cannot be reopened: the kernel is not verified clean and is replaced."""
+    run_ok(solo, f"import sys\n{stream}.close()\nx = 1")
+    bundle = run_ok(solo, "import sys, warnings\nprint('out')\nprint('err', file=sys.stderr)\n"
+                          "warnings.warn('careful')\ny = 2")  # fmt: skip
+    assert bundle.stdout() == "out\n"
+    assert bundle.stderr().startswith("err\n") and "UserWarning: careful" in bundle.stderr()
