@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import contextlib
 import json
 import logging
@@ -376,10 +377,16 @@ def write_jupyter_displays(displays: Sequence[JupyterDisplay], run_root: Path) -
 
 
 def _mime_bytes(mime: str, value: Any) -> bytes:
+    """A display's value as its file's bytes. Text is UTF-8 (a lone surrogate becomes U+FFFD);
+    a binary type's base64 is decoded, and one that is not base64 (a repr method's own
+    text) is kept as the text it came as."""
     if mime in _BINARY_MIME and isinstance(value, str):
-        return base64.b64decode(value)
-    if isinstance(value, str):
-        return value.encode("utf-8")
+        try:
+            return base64.b64decode(value)
+        except binascii.Error:
+            pass
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return "".join(value).encode("utf-8")
+        value = "".join(value)
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace")
     return json.dumps(value, indent=2).encode("utf-8")
