@@ -295,3 +295,93 @@ def test_lone_surrogates_in_output_arrive_as_replacement_characters(client: http
     assert bundle.stderr() == "e\ufffd\n"
     failed = read_bundle(execute(client, "print('kept')\nraise ValueError('bad\\ud800')"))
     assert failed.manifest["error"] == "bad\ufffd" and failed.stdout() == "kept\n"
+
+
+# -- what the reference's cell process does, where a kernel would differ -----------------------
+
+
+@pytest.mark.parametrize(
+    ("method", "returns"),
+    [("__repr__", "raise ValueError('boom')"), ("_repr_html_", "raise ValueError('boom')"),
+     ("_repr_png_", "return 'not base64'"), ("_repr_markdown_", "return 5"),
+     ("_repr_latex_", "return b'bytes'")],
+)  # fmt: skip
+def test_a_value_whose_format_method_fails_is_still_the_cells_last_display(
+    client: httpx.Client, method: str, returns: str
+) -> None:
+    """The reference serializes a trailing value by its type, never formatting it: a repr
+    method that raises or returns the wrong thing neither fails the cell nor the request,
+    nor leaves IPython's warnings in its stderr."""
+    source = f"class V:\n    def {method}(self):\n        {returns}\nkept = 1\nV()"
+    response = execute(client, source)
+    assert response.status_code == 200, response.text
+    bundle = read_bundle(response)
+    assert bundle.manifest["success"] is True, bundle.manifest["error"]
+    assert set(bundle.variables) == {"V", "kept", "_"}
+    assert len(bundle.manifest["displays"]) == 1 and bundle.stderr() == ""
+
+
+def test_markdown_only_ever_holds_its_text(client: httpx.Client, tmp_path: Any) -> None:
+    """IPython's ``Markdown`` reads a file or fetches a URL when its text looks like one."""
+    source = (
+        "open('note.md', 'w').write('from the file')\n"
+        "m = Markdown('note.md')\n"
+        "seen = [m.text, str(m), repr(m), m == Markdown(text='note.md')]\n"
+        "display(Markdown('http://127.0.0.1:9/never-fetched'))\n"
+        "m"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.variables["seen"]["preview"] == [
+        "note.md", "note.md", "Markdown(text='note.md')", True
+    ]
+    texts = [d.get("markdown_text") for d in bundle.manifest["displays"]]
+    assert texts == ["http://127.0.0.1:9/never-fetched", "note.md"]
+
+
+def test_asyncio_run_works_in_a_cell_and_top_level_await_still_does(client: httpx.Client) -> None:
+    source = (
+        "import asyncio\n"
+        "async def three():\n    await asyncio.sleep(0)\n    return 3\n"
+        "first = asyncio.run(three())\n"
+        "loop = asyncio.new_event_loop()\nsecond = loop.run_until_complete(three())\nloop.close()\n"
+        "del loop"
+    )
+    bundle = run_ok(client, source)
+    assert [bundle.variables[n]["preview"] for n in ("first", "second")] == [3, 3]
+    awaited = run_ok(client, "import asyncio\nr = await asyncio.sleep(0, result=4)")
+    assert awaited.variables["r"]["preview"] == 4
+    again = run_ok(client, "import asyncio\nasync def f():\n    return 5\nr = asyncio.run(f())")
+    assert again.variables["r"]["preview"] == 5
+
+
+def test_every_plt_show_shows_every_open_figure(client: httpx.Client) -> None:
+    source = (
+        "import matplotlib.pyplot as plt\n"
+        "plt.figure(); plt.plot([1])\nplt.show()\nplt.show()\n"
+        "plt.figure(); plt.plot([2])\nplt.show()\n"
+    )
+    bundle = run_ok(client, source)
+    kinds = [d["content_type"] for d in bundle.manifest["displays"]]
+    assert kinds == ["image/png"] * 4  # 1, 1, then 1 and 2
+    # Jupyter's displays: each figure once, as the inline backend shows and closes it
+    jupyter = [d for d in bundle.manifest["display"] if d["content_type"] == "image/png"]
+    assert len(jupyter) == 4
+
+
+@pytest.mark.parametrize(
+    ("source", "error"),
+    [
+        ("  x = 1", "unexpected indent (<string>, line 1)"),
+        (" 1 + 1", "unexpected indent (<string>, line 1)"),
+        (">>> x = 1", "invalid syntax (<string>, line 1)"),
+        ("if True:\n        x = 1\n    y = 2",
+         "unindent does not match any outer indentation level (<string>, line 3)"),
+        ("raise SyntaxError('manual')", "manual"),
+        ("raise IndentationError('by hand')", "by hand"),
+    ],
+)  # fmt: skip
+def test_a_cell_is_read_as_python_reads_it(client: httpx.Client, source: str, error: str) -> None:
+    bundle = read_bundle(execute(client, source))
+    assert bundle.manifest["success"] is False
+    assert bundle.manifest["error"] == error
+    assert "IPython" not in bundle.manifest["traceback"]

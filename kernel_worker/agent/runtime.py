@@ -8,10 +8,12 @@ kernel replies, so a cell costs one round trip. Nothing of the request becomes k
 """
 
 import ast
+import dataclasses
 import json
 import os
 import pathlib
 import sys
+import warnings
 
 from . import arrow_codec, codecs, figures, tracebacks
 
@@ -31,6 +33,7 @@ class _Run:
         self.inputs = {}
         self.fingerprints = {}
         self.displays = []
+        self.pyplot_shown = []  # figures plt.show() displayed
         self.recording = True
         self.error = None
         self.collected = False
@@ -64,6 +67,23 @@ def display(*objs, **kwargs):
     return _state["display"](*objs, **kwargs)
 
 
+@dataclasses.dataclass(frozen=True)
+class Markdown:
+    """The cell's ``Markdown``: text shown as Markdown, as the reference's cell process has it.
+
+    IPython's class of that name reads a file or fetches a URL when the text looks like a
+    path or an address; this one only ever holds the text it is given.
+    """
+
+    text: str
+
+    def _repr_markdown_(self):
+        return self.text
+
+    def __str__(self):
+        return self.text
+
+
 def _patch_display():
     import IPython.core.display_functions as functions
     import IPython.display as public
@@ -86,6 +106,69 @@ def _show_figure(figure, warn=True):
     return _state["figure_show"](figure, warn=warn)
 
 
+def _quiet_formatting(shell):
+    """Formatting a display never fails the cell, and a format method that returns the wrong
+    type leaves no warning in its stderr: that display just lacks the format (see
+    ``tracebacks.quiet``)."""
+    from IPython.core.formatters import FormatterWarning
+
+    formatter = shell.display_formatter
+    format_ = formatter.format
+
+    def format(obj, include=None, exclude=None):
+        with tracebacks.quiet(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FormatterWarning)
+            return format_(obj, include=include, exclude=exclude)
+
+    formatter.format = format
+
+
+def _no_loop_while_synchronous(shell):
+    """Synchronous cell code runs with no event loop running, as in a plain process.
+
+    The kernel runs its cells from inside its own event loop, so ``asyncio.run()`` and
+    ``loop.run_until_complete()`` in a cell (or in a library it calls) would fail with
+    "cannot be called from a running event loop", where the reference's cell process runs
+    them. The loop is blocked while a synchronous statement runs anyway; it is marked
+    running again (and made the thread's loop again: ``asyncio.run`` leaves none) before
+    anything else happens. Statements IPython runs awaited (top-level ``await``) keep it.
+    """
+    import asyncio
+    from asyncio import events
+
+    run_code = shell.run_code
+
+    async def run_code_without_loop(code_obj, result=None, *, async_=False):
+        loop = None if async_ else events._get_running_loop()
+        if loop is None:
+            return await run_code(code_obj, result, async_=async_)
+        events._set_running_loop(None)
+        try:
+            return await run_code(code_obj, result, async_=async_)
+        finally:
+            events._set_running_loop(loop)
+            asyncio.set_event_loop(loop)
+
+    shell.run_code = run_code_without_loop
+
+
+def _plain_python_text(shell):
+    """A cell's text is read as Python reads it: IPython would dedent an indented cell and
+    strip ``>>>`` and ``In [1]:`` prompts, which the reference's cell process refuses as
+    Python does (``unexpected indent``, ``invalid syntax``). IPython's own syntax (``%magic``,
+    ``!shell``) is kept."""
+    from IPython.core import inputtransformer2 as transformers
+
+    cleanup = shell.input_transformer_manager.cleanup_transforms
+    for dropped in (
+        transformers.leading_indent,
+        transformers.classic_prompt,
+        transformers.ipython_prompt,
+    ):
+        if dropped in cleanup:
+            cleanup.remove(dropped)
+
+
 def _patch_figure(module):
     figure = getattr(module, "Figure", None)
     show = getattr(figure, "show", None)
@@ -96,14 +179,20 @@ def _patch_figure(module):
 
 
 def _show_pyplot(*args, **kwargs):
-    """``plt.show()`` during a cell whose backend is not the inline one (the cell chose
-    ``matplotlib.use("Agg")``, say): the open figures are displayed, as the reference shows
-    them whatever the backend. The inline backend displays them itself."""
+    """``plt.show()`` during a cell: every open figure is displayed, whatever the backend,
+    and stays open, as in the reference (a second ``plt.show()`` shows them again). The
+    inline backend's own ``show`` would close them, so it is not called; its end-of-cell
+    flush then has nothing new to show unless the cell draws again."""
     run = _current()
     pyplot = sys.modules.get("matplotlib.pyplot")
-    if run is not None and run.recording and pyplot is not None and not _inline_backend():
+    if run is not None and run.recording and pyplot is not None:
         for number in pyplot.get_fignums():
-            display(pyplot.figure(number))
+            figure = pyplot.figure(number)
+            display(figure)
+            run.pyplot_shown.append(figure)
+        inline_show = getattr(sys.modules.get("matplotlib_inline.backend_inline"), "show", None)
+        if inline_show is not None and _inline_backend():
+            inline_show._draw_called = False
         return None
     return _state["pyplot_show"](*args, **kwargs)
 
@@ -133,10 +222,16 @@ def _patch_figure_show():
 
 
 def _stop_recording():
-    """``post_execute`` runs before the inline backend flushes figures nobody showed."""
+    """``post_execute`` runs before the inline backend flushes figures nobody showed. The
+    figures ``plt.show()`` showed are closed now, as the inline backend's own ``show`` would
+    have closed them: its flush shows only the figures nobody showed, as in Jupyter."""
     run = _current()
     if run is not None:
         run.recording = False
+        pyplot = sys.modules.get("matplotlib.pyplot")
+        if run.pyplot_shown and pyplot is not None and _inline_backend():
+            for figure in run.pyplot_shown:
+                pyplot.close(figure)
 
 
 # -- the run ---------------------------------------------------------------------------------------
@@ -476,6 +571,9 @@ def install(shell):
     """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
     _state["shell"] = shell
     _patch_display()
+    _quiet_formatting(shell)
+    _no_loop_while_synchronous(shell)
+    _plain_python_text(shell)
     _patch_figure_show()
     figures.install(shell)
     shell.events.register("pre_run_cell", _pre_run_cell)
@@ -489,8 +587,6 @@ def install(shell):
     shell.user_ns["exit"] = shell.user_ns["quit"] = _Exit()
     _stdin_at_eof(shell)
     _cell_warning_format(shell)
-    from IPython.display import Markdown
-
     shell.user_ns["Markdown"] = Markdown
     pool_helper = sys.modules.get("_kernel_pool_agent")
     if pool_helper is not None:

@@ -21,6 +21,7 @@ Standard library only.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
@@ -66,7 +67,9 @@ def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[
     def _showtraceback(etype: type[BaseException], evalue: BaseException, stb: Any) -> Any:
         try:
             lines: list[str]
-            if isinstance(evalue, SyntaxError) and is_cell_file(shell, evalue.filename):
+            if isinstance(evalue, SyntaxError):
+                _put_back_filename(evalue)
+            if isinstance(evalue, SyntaxError) and _not_compiling(shell, evalue):
                 # the cell's text does not compile (not a SyntaxError its code raised)
                 evalue = _as_compiled(shell, evalue, source_of())
                 lines = [_HEADER, *traceback.format_exception_only(type(evalue), evalue)]
@@ -84,9 +87,13 @@ def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[
     show = shell.showtraceback
 
     def showtraceback(exc_tuple: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if _quiet_depth[0]:
+            return None  # an error while formatting a display (see quiet)
         # IPython prints an exception group straight to stderr, bypassing _showtraceback
         try:
             etype, evalue, _ = shell._get_exc_info(exc_tuple)
+            if isinstance(evalue, SyntaxError):
+                _filenames[id(evalue)] = (evalue, evalue.filename)
             grouped = _in_group(evalue)
         except Exception:
             grouped = False
@@ -99,6 +106,33 @@ def install(shell: Any, source_of: Callable[[], str | None], label_of: Callable[
     warnings.filterwarnings(
         "ignore", message=r"To exit: use 'exit', 'quit', or Ctrl-D\.", category=UserWarning
     )
+
+
+_quiet_depth = [0]
+# SyntaxError -> its filename before IPython's report of it wrote "<string>" over a None
+# (``raise SyntaxError("manual")`` reads "manual", not "manual (<string>)")
+_filenames: dict[int, tuple[SyntaxError, Any]] = {}
+
+
+def _put_back_filename(error: SyntaxError) -> None:
+    kept = _filenames.pop(id(error), None)
+    _filenames.clear()
+    if kept is not None and kept[0] is error:
+        error.filename = kept[1]
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """No error report while this runs: IPython reports an exception raised by a value's
+    ``__repr__`` or ``_repr_*_`` method while it formats a display as an error of the cell,
+    which fails it. The reference's cell process never formats values that way (it
+    serializes them by type), so the cell must not fail for it; the display just lacks
+    that format."""
+    _quiet_depth[0] += 1
+    try:
+        yield
+    finally:
+        _quiet_depth[0] -= 1
 
 
 def _in_group(error: BaseException | None) -> bool:
@@ -121,6 +155,16 @@ def is_cell_file(shell: Any, filename: object) -> bool:
         return False
 
 
+def _not_compiling(shell: Any, error: SyntaxError) -> bool:
+    """Whether ``error`` says the cell's text does not compile: raised compiling the cell, or
+    reading it (IPython tokenizes a cell before compiling it: ``<tokenize>``), and not by a
+    line of the cell (``raise SyntaxError(...)``), nor by compiling other code."""
+    if error.filename != "<tokenize>" and not is_cell_file(shell, error.filename):
+        return False
+    frames = traceback.extract_tb(error.__traceback__)
+    return not any(is_cell_file(shell, frame.filename) for frame in frames)
+
+
 def _as_compiled(shell: Any, error: SyntaxError, source: str | None) -> SyntaxError:
     """The syntax error ``compile`` raises for the cell's text, where it raises one.
 
@@ -129,7 +173,11 @@ def _as_compiled(shell: Any, error: SyntaxError, source: str | None) -> SyntaxEr
     """
     if source is not None:
         try:
-            compile(shell.transform_cell(source), "<string>", "exec", dont_inherit=True)
+            text = shell.transform_cell(source)
+        except SyntaxError:  # IPython could not even read it: Python's own words for it
+            text = source
+        try:
+            compile(text, "<string>", "exec", dont_inherit=True)
         except SyntaxError as plain:
             return plain.with_traceback(None)
         except Exception:
