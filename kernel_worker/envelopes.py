@@ -59,7 +59,7 @@ FORMAT_EXTENSIONS: Mapping[str, str] = MappingProxyType(
         "module/cell-instance": ".cell_instance.pickle",
         "file/path": ".bin",
         "dir/tar": ".dir.tar",
-        "text/markdown": ".md",
+        "text/markdown": ".bin",  # the reference's default: anything not above is .bin
         "application/x-r-rds": ".bin",
     }
 )
@@ -321,12 +321,13 @@ def _input(
     content_type = _format(content_type, f"input '{name}'")
     ext = input_extension(content_type)
     sent = _sent_file(sent_file, f"input '{name}'")
-    file = _plain_file_name(sent.strip() if sent else f"{name}{ext}")
+    # only the last component of a path counts, as in the reference ("a/b.json" is b.json)
+    file = _plain_file_name(sent.strip().rsplit("/", 1)[-1] if sent else f"{name}{ext}", sent)
     return InputSpec(
         name=name,
         content_type=content_type,
         file=file,
-        part_names=_dedup((sent, name, f"{name}{ext}")),
+        part_names=_dedup((sent, name, f"{name}{ext}", file)),
         injected=_injected(index, name, content_type, injected),
     )
 
@@ -378,9 +379,10 @@ def _sent_file(value: object, where: str) -> str | None:
     return value if value.strip() else None
 
 
-def _plain_file_name(file: str) -> str:
-    if file in (".", "..") or any(c in file for c in "/\\\x00") or not _utf8(file):
-        raise BadRequest(f"Input file name {_echo(file)!r} is not a plain file name")
+def _plain_file_name(file: str, sent: str | None = None) -> str:
+    if file in ("", ".", "..") or any(c in file for c in "/\\\x00") or not _utf8(file):
+        shown = sent.strip() if sent else file
+        raise BadRequest(f"Input file name {_echo(shown)!r} is not a plain file name")
     if len(file.encode("utf-8")) > _MAX_FILE_NAME_BYTES:
         raise BadRequest(f"Input file name {_echo(file)!r} is longer than 255 bytes")
     if file.startswith(RESERVED_FILE_PREFIXES):

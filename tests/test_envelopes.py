@@ -160,7 +160,7 @@ def test_seed_descriptor_without_file_uses_name_and_extension() -> None:
         ("module/cell", ".cell_module.json"),
         ("module/cell-instance", ".cell_instance.pickle"),
         ("dir/tar", ".dir.tar"),
-        ("text/markdown", ".md"),
+        ("text/markdown", ".bin"),
         ("file/path", ".bin"),
         ("application/x-r-rds", ".bin"),
         ("image/png", ".bin"),
@@ -308,7 +308,7 @@ def test_input_descriptor_name_type() -> None:
     )
 
 
-@pytest.mark.parametrize("file", ["..", ".", "a/b.json", "../x.json", "a\\b", "a\x00b", "/abs"])
+@pytest.mark.parametrize("file", ["..", ".", "a/..", "dir/", "a\\b", "a\x00b"])
 def test_file_not_a_plain_file_name(file: str) -> None:
     assert v1_detail(v1(inputs=[{"name": "x", "file": file}])) == (
         f"Input file name {file!r} is not a plain file name"
@@ -316,6 +316,21 @@ def test_file_not_a_plain_file_name(file: str) -> None:
     assert flat_detail(flat(inputs={"x": {"file": file}})) == (
         f"Input file name {file!r} is not a plain file name"
     )
+
+
+@pytest.mark.parametrize(
+    ("sent", "file"), [("a/b.json", "b.json"), ("../x.json", "x.json"), ("/etc/x.json", "x.json")]
+)
+def test_only_the_last_component_of_a_file_path_counts(sent: str, file: str) -> None:
+    """As in the reference: the staged file is the path's last component, and the upload
+    may be named either way."""
+    for request in (
+        parse_v1(v1(inputs=[{"name": "x", "format": "json/object", "file": sent}])),
+        parse_flat(flat(inputs={"x": {"content_type": "json/object", "file": sent}})),
+    ):
+        spec = request.inputs[0]
+        assert spec.file == file
+        assert sent in spec.part_names and file in spec.part_names
 
 
 @pytest.mark.parametrize("file", ["__part_0001", "__inj_0_0.pickle"])

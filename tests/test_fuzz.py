@@ -269,6 +269,21 @@ path_like = st.sampled_from([
     f"__part_0001{CANARY}", f"__inj_0_0{CANARY}", CANARY * 20,
 ]) | st.builds(lambda a, sep, b: f"{a}{sep}{CANARY}{b}", st.text(max_size=5), st.sampled_from("/\\\x00"),
                st.text(max_size=5))  # fmt: skip
+
+
+def refused_file(file: str) -> bool:
+    """Whether the worker refuses *file*: only a path's last component counts (as in the
+    reference), and that must be a plain name, not reserved, at most 255 bytes."""
+    last = file.strip().rsplit("/", 1)[-1]
+    return (
+        last in ("", ".", "..")
+        or any(c in last for c in "\\\x00")
+        or last.startswith(("__part_", "__inj_"))
+        or len(last.encode("utf-8", "surrogatepass")) > 255
+    )
+
+
+bad_files = path_like.filter(refused_file)
 bad_names = st.sampled_from(
     ["", "   ", "1abc", "a-b", "a b", "class", "None", f"../{CANARY}", "a.b", "é-x", "\x00", "x\u200b"]
 ) | st.text(max_size=10).filter(lambda s: not is_name(s.strip()))
@@ -324,7 +339,7 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
         st.builds(set_param, st.just("environment"), json_values.filter(lambda v: v is not None)),
         st.builds(set_input, st.just("name"), bad_names),
         st.builds(set_input, st.just("content_type"), unknown_formats),
-        st.builds(set_input, st.just("file"), path_like | not_string.filter(lambda v: v is not None)),
+        st.builds(set_input, st.just("file"), bad_files | not_string.filter(lambda v: v is not None)),
         st.builds(set_input, st.just("injected"), json_values.filter(lambda v: v is not None and v != {})),
         st.builds(add_input, st.fixed_dictionaries({"name": st.just("other"), "format": st.just("json/object"), "file": st.just("cfg.json")})),
         st.builds(add_input, st.fixed_dictionaries({"name": st.just("missing"), "format": st.sampled_from(sorted(FORMATS))})),
