@@ -385,3 +385,19 @@ def test_a_cell_is_read_as_python_reads_it(client: httpx.Client, source: str, er
     assert bundle.manifest["success"] is False
     assert bundle.manifest["error"] == error
     assert "IPython" not in bundle.manifest["traceback"]
+
+
+def test_what_serializing_outputs_prints_is_not_the_cells_output(client: httpx.Client) -> None:
+    """The reference serializes after its capture of stdout and stderr has ended."""
+    source = (
+        "import pandas as pd\nimport sys\n"
+        "df = pd.DataFrame({0: [1], 'a': [2]})\n"  # pandas warns about mixed column names
+        "class Loud:\n"
+        "    def __reduce__(self):\n"
+        "        print('pickling')\n        sys.stderr.write('on stderr\\n')\n"
+        "        return (int, ())\n"
+        "loud = Loud()\nprint('from the cell')"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.stdout() == "from the cell\n" and bundle.stderr() == ""
+    assert {"df", "loud"} <= set(bundle.variables)

@@ -674,6 +674,21 @@ def test_huge_previews_are_bounded(client: httpx.Client) -> None:
         assert bundle.variables[name]["preview_truncated"] is True
     assert bundle.file("items").startswith(b"[")  # the value itself is whole in its file
     assert len(json.loads(bundle.file("items"))) == 200_000
+    # a preview keeps its shape: the leading items that fit, not a repr of the whole
+    items = bundle.variables["items"]["preview"]
+    assert isinstance(items, list) and 1000 < len(items) < 200_000
+    assert items == list(range(len(items)))
+
+
+def test_a_wide_tables_preview_keeps_whole_rows(client: httpx.Client) -> None:
+    source = "import pandas as pd\ndf = pd.DataFrame({f'c{i}': ['x' * 20] * 30 for i in range(200)})"
+    meta = run_ok(client, source).variables["df"]
+    rows = meta["preview"]
+    assert meta["preview_truncated"] is True and meta["rows"] == 30
+    assert isinstance(rows, list) and 1 <= len(rows) < 20
+    assert all(row == ["x" * 20] * 200 for row in rows)
+    big = run_ok(client, "a = {'k': 'z' * 70_000, 'other': 1}").variables["a"]["preview"]
+    assert isinstance(big, dict) and list(big) == ["k"] and big["k"].startswith("zzz")
 
 
 @pytest.mark.parametrize(

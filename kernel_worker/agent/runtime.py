@@ -8,7 +8,9 @@ kernel replies, so a cell costs one round trip. Nothing of the request becomes k
 """
 
 import ast
+import contextlib
 import dataclasses
+import io
 import json
 import os
 import pathlib
@@ -360,13 +362,46 @@ def _bound_preview(meta):
             return
         if size <= PREVIEW_LIMIT:
             return
-        text = repr(preview)[:PREVIEW_LIMIT]
+        meta["preview"] = _trimmed(preview, PREVIEW_LIMIT)  # the same shape, fewer items
+        meta["preview_truncated"] = True
+        return
     if len(text) > PREVIEW_LIMIT:
         meta["preview"] = text[:PREVIEW_LIMIT] + "…"
         meta["preview_truncated"] = True
     elif text is not preview:
         meta["preview"] = text
         meta["preview_truncated"] = True
+
+
+def _trimmed(value, budget):
+    """``value`` (JSON data) cut to about ``budget`` characters of JSON, keeping its shape:
+    a list keeps its leading items that fit whole (a table preview, its first rows), a
+    dict its leading entries, a string its start; an item that alone does not fit is cut
+    the same way and ends the container."""
+    if isinstance(value, str):
+        return value if len(value) <= budget else value[: max(budget, 0)] + "…"
+    if isinstance(value, list):
+        kept, used = [], 2
+        for item in value:
+            size = len(_json_dumps(item)) + 2
+            if used + size > budget:
+                if not kept:
+                    kept.append(_trimmed(item, budget - used))
+                break
+            kept.append(item)
+            used += size
+        return kept
+    if isinstance(value, dict):
+        entries, used = {}, 2
+        for key, item in value.items():
+            size = len(_json_dumps(key)) + len(_json_dumps(item)) + 4
+            if used + size > budget:
+                entries[key] = _trimmed(item, budget - used - len(_json_dumps(key)) - 4)
+                break
+            entries[key] = item
+            used += size
+        return entries
+    return value
 
 
 def _collect_variables(ns, run, files_dir):
@@ -407,12 +442,28 @@ def _post_run_cell(result=None):
         return
     run.collected = True
     try:
-        collect(run)
+        with _silenced():
+            collect(run)
     except BaseException as exc:  # reported to the worker, never lost in the kernel's log
         with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
             fh.write(_json_dumps({"error": f"{type(exc).__name__}: {exc}"}))
     finally:
         arrow_codec.offer_spares(None)  # offered to this run's outputs only
+
+
+@contextlib.contextmanager
+def _silenced():
+    """What serializing outputs prints or warns (pandas on mixed-type column names, a
+    ``__reduce__`` that prints) is not the cell's output: the reference's cell process
+    serializes after its capture of stdout and stderr has ended."""
+    sink = io.StringIO()
+    with (
+        contextlib.redirect_stdout(sink),
+        contextlib.redirect_stderr(sink),
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("ignore")
+        yield
 
 
 def collect(run):
