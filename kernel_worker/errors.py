@@ -4,6 +4,7 @@
 
     WorkerError (.detail: str)          status
     ├── BadRequest                      400
+    │   └── Unprocessable               422 (the mount cache probe's body)
     ├── Unauthorized                    401
     ├── NotFound                        404
     ├── PayloadTooLarge                 413
@@ -42,6 +43,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "Unauthorized",
+    "Unprocessable",
     "UpstreamFailed",
     "WorkerBusy",
     "WorkerError",
@@ -65,6 +67,11 @@ class WorkerError(Exception):
 
 class BadRequest(WorkerError):
     """The request is malformed: envelope, descriptor, form framing, missing upload."""
+
+
+class Unprocessable(BadRequest):
+    """Well-formed JSON of the wrong shape, where the reference's validation answers 422
+    (the mount cache probe)."""
 
 
 class Unauthorized(WorkerError):
@@ -133,6 +140,7 @@ def storage_checked(what: str) -> Iterator[None]:
 # see status_for.
 _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
     {
+        Unprocessable: 422,
         BadRequest: 400,
         Unauthorized: 401,
         NotFound: 404,

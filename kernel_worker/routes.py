@@ -17,7 +17,14 @@ from starlette.responses import JSONResponse, Response
 from . import __version__
 from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
-from .errors import BadRequest, NotFound, error_response, status_for, storage_checked
+from .errors import (
+    BadRequest,
+    NotFound,
+    Unprocessable,
+    error_response,
+    status_for,
+    storage_checked,
+)
 from .execution import SMALL_IO_BYTES, RunDir, offload
 from .file_reuse import MIN_FILE_BYTES, keep_and_remove
 from .heartbeat import HeartbeatResponse, ended_within
@@ -366,10 +373,14 @@ async def mount_cache_probe(request: Request) -> JSONResponse:
     try:
         body = await request.json()
     except ValueError:
-        raise BadRequest("Mount cache probe body must be JSON") from None
+        raise Unprocessable("Mount cache probe body must be JSON") from None
     if not isinstance(body, dict):
-        raise BadRequest("Mount cache probe body must be an object")
-    return JSONResponse({"cached_bytes": await cached_bytes(body, _state(request).mount_cache)})
+        raise Unprocessable("Mount cache probe body must be an object")
+    try:
+        cached = await cached_bytes(body, _state(request).mount_cache)
+    except BadRequest as exc:  # the reference validates this body as a model: 422
+        raise Unprocessable(exc.detail) from None
+    return JSONResponse({"cached_bytes": cached})
 
 
 @protected.get("/metrics")

@@ -401,3 +401,13 @@ def test_what_serializing_outputs_prints_is_not_the_cells_output(client: httpx.C
     bundle = run_ok(client, source)
     assert bundle.stdout() == "from the cell\n" and bundle.stderr() == ""
     assert {"df", "loud"} <= set(bundle.variables)
+
+
+@pytest.mark.parametrize(
+    "source", ["open('/nonexistent/file')", "import sys\nsys.stdout.write(b'bytes')"]
+)
+def test_no_kernel_frame_in_a_traceback(client: httpx.Client, source: str) -> None:
+    """IPython's open() wrapper and ipykernel's streams are the kernel's, not the cell's."""
+    traceback = read_bundle(execute(client, source)).manifest["traceback"]
+    assert "interactiveshell" not in traceback and "ipykernel" not in traceback, traceback
+    assert 'File "<string>", line' in traceback or 'File "<cell>", line' in traceback

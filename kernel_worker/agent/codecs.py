@@ -580,9 +580,10 @@ def _load_cell_instance(path: Path) -> object:
 
 def _member_problem(member: tarfile.TarInfo) -> str | None:
     """Why *member* may not be extracted, or None when it stays inside its folder."""
-    name = PurePosixPath(member.name)
-    if name.is_absolute() or ".." in name.parts:
-        return "its path is absolute or climbs out with '..'"
+    # a leading "/" is dropped, as tarfile's "data" filter (the reference's) drops it
+    name = PurePosixPath(member.name.lstrip("/"))
+    if ".." in name.parts:
+        return "its path climbs out with '..'"
     if member.isdev():
         return "it is a device or FIFO"
     if member.issym() or member.islnk():
@@ -602,6 +603,8 @@ def _load_dir_tar(path: Path) -> Path:
             problem = _member_problem(member)
             if problem is not None:
                 raise UnsafeArchiveError(f"Refusing to unpack {member.name!r}: {problem}")
+        for member in members:
+            member.name = member.name.lstrip("/")
         folder.mkdir(exist_ok=True)
         if hasattr(tarfile, "data_filter"):
             archive.extractall(folder, members=members, filter="data")

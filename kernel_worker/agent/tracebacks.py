@@ -193,6 +193,11 @@ def _formatted(shell: Any, error: BaseException, label: str) -> Iterator[str]:
     return report.format()
 
 
+def _is_kernel_file(filename: str) -> bool:
+    path = filename.replace("\\", "/")
+    return path.endswith(_RUN_CODE_FILE) or "/ipykernel/" in path
+
+
 def _relabel(
     shell: Any, report: traceback.TracebackException | None, label: str, seen: set[int]
 ) -> None:
@@ -206,7 +211,7 @@ def _relabel(
         name = frame.filename
         if name.startswith(_AGENT_FILE_PREFIX):
             continue
-        if frame.name == "run_code" and name.replace("\\", "/").endswith(_RUN_CODE_FILE):
+        if _is_kernel_file(name):  # IPython's run_code and open(), ipykernel's streams
             continue
         if is_cell_file(shell, name):
             frame.filename = label
