@@ -152,6 +152,7 @@ def capture():
         fds=_save_fds(),
     )
     capture_module_patches()  # noqa: F821 (from _inkernel_patches.py)
+    watch_attribute_stores(shell)  # noqa: F821 (from _inkernel_patches.py)
     _preloaded = frozenset(
         name for name in ns if name not in _before_preload and not name.startswith("_")
     )
@@ -272,6 +273,7 @@ def _restore_core_modules():
 def _restore_interpreter(problems):
     """Undo monkeypatches of core modules, sys hooks, sys.modules and fds 0-2."""
     _restore_core_modules()
+    restore_touched(problems)  # noqa: F821 (from _inkernel_patches.py)
     restore_module_patches()  # noqa: F821 (from _inkernel_patches.py)
     for name, value in _baseline["sys_hooks"].items():
         if value is not _MISSING and getattr(sys, name, _MISSING) is not value:

@@ -15,7 +15,19 @@ Only callables are compared: a module's data (caches, counters, a flag set on fi
 its own business, and reading every value would cost a cache miss each (0.6 ms for the
 9,000 values of the whole standard library, after a cell); these modules' callables take
 about 60 us. Attributes a cell adds stay (a submodule imported later is one).
+
+Beyond those modules, the code of each cell is read before it runs (an AST pass, tens of
+microseconds): a module or class that is already loaded and whose attribute the cell sets or
+deletes by name (``math.pi = 3``, ``string.ascii_letters = ...``, ``del json.x``,
+``setattr(np, "x", 1)``, ``Model.threshold = 0.5`` on a preloaded class, through the cell's
+own imports or a module it was handed) has its namespace recorded then, and the reset puts
+it back exactly: values, deleted and added attributes (a submodule imported meanwhile
+stays). Code the cell reaches only indirectly (a library that patches another, ``exec``)
+is not seen.
 """
+
+import ast
+import types
 
 _PATCHED_MODULES = (
     "time",
@@ -63,3 +75,133 @@ def _same(get, attributes, values):
         return get(attributes) == values  # identity first: an unchanged value's __eq__ is unused
     except Exception:  # a callable deleted, or a replacement whose __eq__ raises
         return False
+
+
+# id(owner) -> (owner, its namespace before the cell that sets its attributes ran)
+_touched = {}
+
+
+class _WatchAttributeStores(ast.NodeTransformer):
+    """An AST "transformer" that changes nothing: it records, before the cell runs, the
+    namespaces of the loaded modules and classes whose attributes the cell's code sets."""
+
+    def visit_Module(self, node):
+        with contextlib.suppress(Exception):  # noqa: F821 (never in the way of the cell)
+            _record_owners(node, _shell().user_ns)  # noqa: F821 (from _inkernel.py)
+        return node
+
+
+def watch_attribute_stores(shell):
+    """Have every cell's code read for attribute stores before it runs (idempotent)."""
+    if not any(isinstance(t, _WatchAttributeStores) for t in shell.ast_transformers):
+        shell.ast_transformers.append(_WatchAttributeStores())
+
+
+def _record_owners(tree, ns):
+    aliases = {}
+    imported = {}  # name -> the module it names, for the cell's imports of unloaded modules
+    owners = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                name = alias.name if alias.asname else alias.name.partition(".")[0]
+                aliases[alias.asname or name] = sys.modules.get(name)  # noqa: F821
+                imported[alias.asname or name] = (name,)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            module = sys.modules.get(node.module)  # noqa: F821
+            for alias in node.names:
+                found = sys.modules.get(f"{node.module}.{alias.name}")  # noqa: F821
+                if found is None and module is not None:
+                    found = vars(module).get(alias.name)
+                aliases[alias.asname or alias.name] = found
+                imported[alias.asname or alias.name] = (node.module, alias.name)
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            owners.append(node.value)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("setattr", "delattr")
+            and node.args
+        ):
+            owners.append(node.args[0])
+    for expression in owners:
+        owner = _resolve(expression, aliases, ns)
+        if _watched(owner, ns) and id(owner) not in _touched:
+            _touched[id(owner)] = (owner, dict(vars(owner)))
+        elif owner is None:
+            chain = _dotted(expression)
+            if chain and chain[0] in imported:  # not loaded yet: the cell imports it
+                module, *path = imported[chain[0]]
+                _first_imported.add((module, (*path, *chain[1:])))
+
+
+def _dotted(expression):
+    """``a.b.c`` as ["a", "b", "c"]; None for anything else."""
+    names = []
+    while isinstance(expression, ast.Attribute):
+        names.append(expression.attr)
+        expression = expression.value
+    if not isinstance(expression, ast.Name):
+        return None
+    return [expression.id, *reversed(names)]
+
+
+# (module name, attribute path) of owners in modules the cell itself imported first
+_first_imported = set()
+
+def _resolve(expression, aliases, ns):
+    """The module or class a dotted name stands for before the cell runs (None if unknown);
+    read from namespaces only, so no module ``__getattr__`` or descriptor runs."""
+    if isinstance(expression, ast.Name):
+        name = expression.id
+        if name in aliases:
+            return aliases[name]
+        return ns.get(name, vars(builtins).get(name))  # noqa: F821 (builtins from _inkernel.py)
+    if isinstance(expression, ast.Attribute):
+        base = _resolve(expression.value, aliases, ns)
+        if isinstance(base, (types.ModuleType, type)):
+            return vars(base).get(expression.attr)
+    return None
+
+
+def _watched(owner, ns):
+    if isinstance(owner, types.ModuleType):
+        # sys's hooks and the user's own namespace have resets of their own
+        return owner is not sys and vars(owner) is not ns  # noqa: F821
+    return isinstance(owner, type) and owner.__module__ != "builtins"
+
+
+def restore_touched(problems):
+    """Put back the namespace of each module and class a cell set attributes of.
+
+    A module the cell imported itself had no namespace to record before it ran: when the
+    cell set attributes of it (or of a class in it), the kernel cannot be verified clean."""
+    first, touched = list(_first_imported), list(_touched.values())
+    _first_imported.clear()
+    _touched.clear()
+    for name, path in first:
+        owner = sys.modules.get(name)  # noqa: F821
+        for attribute in path:
+            if not isinstance(owner, (types.ModuleType, type)):
+                break
+            owner = vars(owner).get(attribute)
+        if _watched(owner, {}):
+            shown = ".".join((name, *path))
+            problems.append(f"a cell set attributes of {shown}, which it imported itself")
+    for owner, saved in touched:
+        current = vars(owner)
+        if isinstance(owner, types.ModuleType):
+            for key, value in saved.items():
+                if current.get(key, _MISSING) is not value:  # noqa: F821
+                    current[key] = value
+            for key in [k for k in current if k not in saved]:
+                if not isinstance(current[key], types.ModuleType):  # a submodule stays
+                    del current[key]
+            continue
+        for key, value in saved.items():
+            if current.get(key, _MISSING) is not value:  # noqa: F821
+                with contextlib.suppress(Exception):  # noqa: F821
+                    setattr(owner, key, value)
+        for key in [k for k in current if k not in saved]:
+            with contextlib.suppress(Exception):  # noqa: F821
+                delattr(owner, key)

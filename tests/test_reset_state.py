@@ -58,6 +58,18 @@ CASES = {
         "import math, json; del math.pi, json.loads",
         "import math, json; print(hasattr(math, 'pi'), hasattr(json, 'loads'))",
     ),
+    "module values a cell set": Case(
+        "import math, string\nmath.pi = 3\nstring.ascii_letters = 'x'\n"
+        "setattr(string, 'added', 1)\nimport json as j\nj.added = 2",
+        "import math, string, json\n"
+        "print(math.pi, string.ascii_letters[:3], hasattr(string, 'added'), hasattr(json, 'added'))",
+    ),
+    "class attributes a cell set": Case(
+        "from string import Template\nTemplate.delimiter = '#'\n"
+        "del Template.braceidpattern\nTemplate.extra = 1",
+        "import string\nT = string.Template\n"
+        "print(T.delimiter, hasattr(T, 'braceidpattern'), hasattr(T, 'extra'))",
+    ),
     "logging basicConfig": Case(
         "import logging; logging.basicConfig(level=logging.DEBUG)",
         "import logging; print(logging.root.handlers, logging.root.level)",
@@ -378,6 +390,19 @@ async def test_a_library_imported_and_changed_in_one_cell_is_put_back(pool: Pool
         matplotlib.rcParamsDefault["lines.linewidth"],
     )
     assert after == " ".join(str(value) for value in defaults) + "\n"
+
+
+async def test_a_module_a_cell_imported_and_patched_retires_the_kernel(pool: Pool) -> None:
+    """Its namespace could not be recorded before the cell: the kernel is replaced."""
+    probe = "import sys\nprint('colorsys' in sys.modules)"
+    assert await probe_once(pool, probe) == "False\n"  # the cell below is its first import
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "import colorsys\ncolorsys.ONE_THIRD = 0", last=True)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+        assert await run(lease, "import colorsys\nprint(colorsys.ONE_THIRD)") == f"{1 / 3}\n"
 
 
 async def test_seeded_generators_are_reseeded(pool: Pool) -> None:
