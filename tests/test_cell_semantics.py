@@ -411,3 +411,19 @@ def test_no_kernel_frame_in_a_traceback(client: httpx.Client, source: str) -> No
     traceback = read_bundle(execute(client, source)).manifest["traceback"]
     assert "interactiveshell" not in traceback and "ipykernel" not in traceback, traceback
     assert 'File "<string>", line' in traceback or 'File "<cell>", line' in traceback
+
+
+def test_names_the_reference_does_not_have(client: httpx.Client) -> None:
+    """``_`` is IPython's output placeholder, unbound in the reference's cell; a
+    DeprecationWarning the cell's code raises is hidden there as in any non-main module."""
+    bundle = read_bundle(execute(client, "x = 1\n_"))
+    assert bundle.manifest["success"] is False
+    assert bundle.manifest["error"] == "name '_' is not defined"
+    source = (
+        "import warnings\nwarnings.warn('old', DeprecationWarning)\n"
+        "warnings.warn('user', UserWarning)\nfor _ in range(2):\n    pass\n"
+        "shown = 1 + 1\nshown"
+    )
+    bundle = run_ok(client, source)
+    assert "DeprecationWarning" not in bundle.stderr() and "UserWarning: user" in bundle.stderr()
+    assert bundle.variables["_"]["preview"] == 2

@@ -271,6 +271,9 @@ def _prepare(shell, run):
     if work_dir:
         os.chdir(work_dir)
     ns = shell.user_ns
+    for name in ("_", "__", "___"):  # IPython's output placeholders: no such names here
+        if ns.get(name, None) == "":
+            del ns[name]
     for spec in plan.get("inputs", ()):
         name = spec["name"]
         try:
@@ -565,6 +568,22 @@ def _cell_warning_format(shell):
         return original(message, category, filename, lineno, line)
 
     warnings.formatwarning = formatwarning
+    # Python and IPython show a DeprecationWarning raised by ``__main__``'s code, which is
+    # the cell's here; the reference's cell has no ``__name__``, so Python hides them there
+    warnings.filters[:] = [f for f in warnings.filters if not _shows_main_deprecations(f)]
+    getattr(warnings, "_filters_mutated", lambda: None)()  # drop cached decisions
+
+
+def _shows_main_deprecations(entry):
+    action, _message, category, module, _lineno = entry
+    pattern = getattr(module, "pattern", module)
+    return (
+        action == "default"
+        and isinstance(category, type)
+        and issubclass(category, DeprecationWarning)
+        and isinstance(pattern, str)
+        and pattern.startswith("__main__")
+    )
 
 
 def _current_source():
