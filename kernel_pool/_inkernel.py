@@ -42,8 +42,8 @@ _SYS_HOOKS = (
     "unraisablehook",
 )
 RESET_MSG_TYPE = "kernel_pool_reset"
-RESET_TOPIC = b"kernel_pool.reset"
 _CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
+RESET_TOPIC = b"kernel_pool.reset"
 # code of these packages is the kernel's own (its message handling runs as loop tasks)
 _KERNEL_PACKAGES = ("ipykernel", "tornado", "zmq", "jupyter_client", "IPython", "anyio")
 
@@ -161,8 +161,10 @@ def capture():
     # registered after the setup and preload code's hooks, so it runs after theirs
     if _reset_if_last not in shell.events.callbacks["post_run_cell"]:
         shell.events.register("post_run_cell", _reset_if_last)
-    # a cell's own run-cell hooks would outlive it and run in later requests' cells
+    # a cell's own run-cell hooks would outlive it and run in later requests' cells (execute
+    # hooks are not checked: the inline backend registers one when a cell first imports pyplot)
     _baseline["cell_hooks"] = {e: tuple(shell.events.callbacks[e]) for e in _CELL_HOOK_EVENTS}
+    _baseline["machinery"] = _machinery(shell)
     gc.collect()
     gc.freeze()  # the warm baseline is never garbage: keep later collections short
     return {"names": len(ns), "preloaded": sorted(_preloaded)}
@@ -302,6 +304,12 @@ def _restore_after_execute():
     drain_fd_output()  # noqa: F821 (from _inkernel_messaging.py)
     if _baseline:
         _restore_core_modules()
+        # the kernel flushes and writes its reply through these: a stand-in the cell left
+        # (without write or flush, say) would keep the reply from going out
+        for name in ("stdout", "stderr"):
+            stream = _baseline["sys_hooks"].get(name, _MISSING)
+            if stream is not _MISSING and getattr(sys, name, None) is not stream:
+                setattr(sys, name, stream)
 
 
 def _restore_names(ns, problems):
@@ -470,6 +478,32 @@ def _pending_loop_work():
     return problems
 
 
+def _machinery(shell):
+    """What the kernel runs every request through and a cell could replace or extend: the
+    shell's input and AST transformers, methods patched on the shell, the kernel's message
+    handlers. Compared by identity; a change makes the kernel unfit for reuse."""
+    manager = getattr(shell, "input_transformer_manager", None)
+    kernel = getattr(shell, "kernel", None)
+    return {
+        "input transformers": (
+            tuple(getattr(shell, "input_transformers_cleanup", ())),
+            tuple(getattr(shell, "input_transformers_post", ())),
+            tuple(getattr(manager, "cleanup_transforms", ())),
+            tuple(getattr(manager, "line_transforms", ())),
+            tuple(getattr(manager, "token_transformers", ())),
+        ),
+        "AST transformers": tuple(getattr(shell, "ast_transformers", ())),
+        "shell methods": {
+            name: value for name, value in vars(shell).items() if _is_function(value)
+        },
+        "message handlers": dict(getattr(kernel, "shell_handlers", None) or {}),
+    }
+
+
+def _is_function(value):
+    return callable(value) and not isinstance(value, type)
+
+
 def _closed_streams():
     for name in ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__"):
         if getattr(getattr(sys, name, None), "closed", False) is True:
@@ -486,10 +520,15 @@ def _verify(ns, problems):
         problems.append("environment differs from the baseline")
     if list(sys.path) != _baseline["path"]:
         problems.append("sys.path differs from the baseline")
-    callbacks = _shell().events.callbacks
+    shell = _shell()
+    callbacks = shell.events.callbacks
     for event, hooks in _baseline["cell_hooks"].items():
-        if tuple(callbacks[event]) != hooks:
+        if tuple(callbacks.get(event, ())) != hooks:
             problems.append(f"a cell registered or removed a {event} hook")
+    machinery = _machinery(shell)
+    for part, baseline in _baseline["machinery"].items():
+        if machinery[part] != baseline:
+            problems.append(f"a cell changed the kernel's {part}")
     problems.extend(_pending_loop_work())
     for name in set(_closed_streams()) - _baseline["closed_streams"]:
         problems.append(f"sys.{name} was closed")  # no reopening it: later writes would fail

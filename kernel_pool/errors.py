@@ -54,3 +54,12 @@ class KernelDied(ExecutionError):
     def __init__(self, exit_code: int | None) -> None:
         super().__init__(f"kernel process died (exit status {exit_code})")
         self.exit_code = exit_code
+
+
+class KernelNoReply(KernelDied):
+    """The kernel went idle without replying to the request: its handler for it failed (a
+    cell broke the kernel's own machinery). The process lives, but it is retired as dead."""
+
+    def __init__(self) -> None:
+        ExecutionError.__init__(self, "kernel went idle without replying to the request")
+        self.exit_code = None

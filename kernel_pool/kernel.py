@@ -18,6 +18,7 @@ import enum
 import functools
 import itertools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -30,7 +31,13 @@ import psutil
 
 from .channels import KernelChannels
 from .config import PoolConfig
-from .errors import ExecutionTimeout, KernelDied, KernelStartError, PreloadError
+from .errors import (
+    ExecutionTimeout,
+    KernelDied,
+    KernelNoReply,
+    KernelStartError,
+    PreloadError,
+)
 from .forkserver import ForkServer
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
@@ -75,6 +82,9 @@ _KERNEL_ARGS = (
     "--Kernel._execute_sleep=0",
 )
 _ids = itertools.count(1)
+# an execution's idle status without its reply: how long the reply may still take (it is
+# sent first, on another socket) before the kernel counts as broken
+_NO_REPLY_GRACE_SECONDS = 2.0
 _IOPUB_GRACE_SECONDS = 0.25  # after a kernel_info reply, how long its idle status may take
 
 OutputCallback = Callable[[Output], None]
@@ -414,11 +424,22 @@ class Kernel:
     ) -> Mapping[str, Any]:
         answer: Mapping[str, Any] | None = None if reply else {}
         idle = False
+        no_reply_by = math.inf  # once idle: the reply, sent before it, is due at once
         while answer is None or not idle:
-            remaining = deadline - time.monotonic()
+            now = time.monotonic()
+            if now >= no_reply_by:
+                raise KernelNoReply
+            remaining = deadline - now
             if remaining <= 0:
                 raise TimeoutError
-            channel, msg = await asyncio.wait_for(self._events.get(), remaining)
+            try:
+                channel, msg = await asyncio.wait_for(
+                    self._events.get(), min(remaining, no_reply_by - now)
+                )
+            except TimeoutError:
+                if time.monotonic() >= no_reply_by:
+                    raise KernelNoReply from None
+                raise
             if channel == "died":
                 self._events.put_nowait((channel, msg))  # stays visible to later calls
                 raise KernelDied(msg)
@@ -431,6 +452,8 @@ class Kernel:
                 self._reset_verdicts[msg_id] = InlineReset.from_content(msg["content"])
             elif msg_type == "status":
                 idle = msg["content"].get("execution_state") == "idle"
+                if idle and answer is None:
+                    no_reply_by = time.monotonic() + _NO_REPLY_GRACE_SECONDS
             elif msg_type != "execute_input":
                 sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
         return answer

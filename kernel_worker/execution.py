@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, Lease, Output
+from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease, Output
 
 from . import output_dirs, run_files
 from .bundle import CellOutcome, MimeDisplay
@@ -269,6 +269,11 @@ async def run_cell(
         )
     except ExecutionTimeout:
         raise CellTimedOut(f"Cell execution timed out after {request.timeout_seconds:g}s") from None
+    except KernelNoReply:
+        raise KernelCrashed(
+            "The kernel running the cell stopped answering requests (the cell broke the "
+            "kernel's own machinery); it is replaced"
+        ) from None
     except KernelDied as exc:
         raise KernelCrashed(
             f"The kernel running the cell died (exit status {exc.exit_code})"

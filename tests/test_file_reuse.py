@@ -358,17 +358,19 @@ def test_a_later_output_is_written_over_a_kept_file_and_is_exactly_itself(
 def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerProcess) -> None:
     first, second = os.urandom(3 * MB), os.urandom(3 * MB)
     with httpx.Client(base_url=reuse_worker.url, timeout=60) as client:
-        # a pyarrow table input points into its file; a module keeps it past the request
-        bundle = run_ok(client, _INODE + "import json\njson._skw_kept_table = t\ndel json",
+        # a pyarrow table input points into its file; sys.modules keeps it past the request
+        keep = "import sys, types\nsys.modules['_skw_kept'] = types.SimpleNamespace(table=t)\n"
+        bundle = run_ok(client, _INODE + keep + "del sys, types",
                         [_blob_input("t", first, _TABLE)])  # fmt: skip
         kept = {p.stat().st_ino for p in _settled(reuse_worker)}
         assert bundle.variables["inode"]["preview"] not in kept  # still mapped: not kept
         bundle = run_ok(
             client,
-            "import hashlib, json\n"
+            "import hashlib, sys\n"
             "digest = hashlib.sha256(t.column('b')[0].as_py()).hexdigest()\n"
-            "old = hashlib.sha256(json._skw_kept_table.column('b')[0].as_py()).hexdigest()\n"
-            "del json._skw_kept_table, t, json, hashlib",
+            "kept = sys.modules.pop('_skw_kept').table\n"
+            "old = hashlib.sha256(kept.column('b')[0].as_py()).hexdigest()\n"
+            "del kept, t, sys, hashlib",
             [_blob_input("t", second, _TABLE)],
         )
     assert bundle.variables["digest"]["preview"] == hashlib.sha256(second).hexdigest()

@@ -777,3 +777,35 @@ def test_a_cell_that_closes_a_standard_stream_does_not_break_the_next(
                           "warnings.warn('careful')\ny = 2")  # fmt: skip
     assert bundle.stdout() == "out\n"
     assert bundle.stderr().startswith("err\n") and "UserWarning: careful" in bundle.stderr()
+
+
+def test_a_cell_that_breaks_the_kernels_reply_is_a_502_not_a_timeout(solo: httpx.Client) -> None:
+    """The kernel goes idle without replying: a prompt 502 (not a 408 after the cell's whole
+    timeout), and the next request runs on a new kernel."""
+    response = execute(solo, "get_ipython().user_expressions = None", timeout_seconds=120)
+    assert response.status_code == 502, response.text
+    assert "stopped answering" in response.json()["detail"]
+    assert run_ok(solo, "x = 1").variables["x"]["preview"] == 1
+
+
+@pytest.mark.parametrize(
+    ("change", "probe", "seen"),
+    [
+        ("get_ipython().run_cell = lambda *a, **k: None", "r = 2", 2),
+        ("get_ipython().input_transformers_cleanup.append("
+         "lambda lines: [l.replace('1 + 1', '666') for l in lines])", "r = 1 + 1", 2),
+        ("import ast\nclass T(ast.NodeTransformer):\n    def visit_Constant(self, node):\n"
+         "        return ast.Constant(999)\nget_ipython().ast_transformers.append(T())",
+         "r = 5", 5),
+        ("get_ipython().ast_transformers.clear()\nimport string\nstring.ascii_letters = 'x'",
+         "import string\nr = string.ascii_letters[:3]", "abc"),
+        ("import sys\nclass S:\n    pass\nsys.stdout = S()", "print('out')\nr = 1", 1),
+    ],
+    ids=["run_cell", "input transformer", "ast transformer", "transformers cleared", "stdout"],
+)  # fmt: skip
+def test_a_cell_that_changes_the_kernels_machinery_does_not_reach_the_next(
+    solo: httpx.Client, change: str, probe: str, seen: object
+) -> None:
+    first = execute(solo, change)
+    assert first.status_code == 200, first.text
+    assert run_ok(solo, probe).variables["r"]["preview"] == seen
