@@ -43,6 +43,8 @@ _SYS_HOOKS = (
 )
 RESET_MSG_TYPE = "kernel_pool_reset"
 _CELL_HOOK_EVENTS = ("pre_run_cell", "post_run_cell")
+# descriptors a kernel may gain over its life (libraries imported later keep a few open)
+_MAX_FDS_LEFT_OPEN = 64
 RESET_TOPIC = b"kernel_pool.reset"
 # code of these packages is the kernel's own (its message handling runs as loop tasks)
 _KERNEL_PACKAGES = ("ipykernel", "tornado", "zmq", "jupyter_client", "IPython", "anyio")
@@ -147,6 +149,8 @@ def capture():
         module_table=_Snapshot(sys.modules),
         sys_hooks={name: getattr(sys, name, _MISSING) for name in _SYS_HOOKS},
         closed_streams=frozenset(_closed_streams()),
+        importer_cache=_Snapshot(sys.path_importer_cache),
+        open_fds=_open_fd_count(),
         meta_path=list(sys.meta_path),
         path_hooks=list(sys.path_hooks),
         fds=_save_fds(),
@@ -282,6 +286,14 @@ def _restore_interpreter(problems):
             setattr(sys, name, value)
     sys.meta_path[:] = _baseline["meta_path"]
     sys.path_hooks[:] = _baseline["path_hooks"]
+    # a finder a cell put there would run later requests' imports; any other is rebuilt
+    cache, snapshot = sys.path_importer_cache, _baseline["importer_cache"]
+    if not snapshot.unchanged(cache, exact=True):
+        for key in [k for k in cache if k not in snapshot.items]:
+            del cache[key]
+        for key, value in snapshot.items.items():
+            if cache.get(key, _MISSING) is not value:
+                cache[key] = value
     modules = sys.modules
     if not _baseline["module_table"].unchanged(modules, exact=False):
         for name, module in _baseline["modules"].items():
@@ -504,6 +516,13 @@ def _is_function(value):
     return callable(value) and not isinstance(value, type)
 
 
+def _open_fd_count():
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
+
+
 def _closed_streams():
     for name in ("stdin", "stdout", "stderr", "__stdin__", "__stdout__", "__stderr__"):
         if getattr(getattr(sys, name, None), "closed", False) is True:
@@ -530,6 +549,9 @@ def _verify(ns, problems):
         if machinery[part] != baseline:
             problems.append(f"a cell changed the kernel's {part}")
     problems.extend(_pending_loop_work())
+    left_open = _open_fd_count() - _baseline["open_fds"]
+    if left_open > _MAX_FDS_LEFT_OPEN:  # raw descriptors cells opened and never closed
+        problems.append(f"{left_open} more file descriptors are open than at the baseline")
     for name in set(_closed_streams()) - _baseline["closed_streams"]:
         problems.append(f"sys.{name} was closed")  # no reopening it: later writes would fail
     for thread in threading.enumerate():

@@ -101,6 +101,7 @@ def _record_owners(tree, ns):
     aliases = {}
     imported = {}  # name -> the module it names, for the cell's imports of unloaded modules
     owners = []
+    assigned = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
@@ -117,14 +118,30 @@ def _record_owners(tree, ns):
                 imported[alias.asname or alias.name] = (node.module, alias.name)
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, (ast.Store, ast.Del)):
             owners.append(node.value)
+        elif isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)):
+            owners.append(_namespace_of(node.value))  # vars(m)["x"] = 1, m.__dict__["x"] = 1
+        elif isinstance(node, ast.Call):
+            function = node.func
+            if isinstance(function, ast.Name) and function.id in _SETTERS and node.args:
+                owners.append(node.args[0])  # setattr(m, "x", 1)
+            elif isinstance(function, ast.Attribute) and function.attr in _DICT_CHANGES:
+                owners.append(_namespace_of(function.value))  # vars(m).update(x=1)
         elif (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id in ("setattr", "delattr")
-            and node.args
+            isinstance(node, ast.Assign)
+            and len(node.targets) == 1
+            and isinstance(node.targets[0], ast.Name)
+            and _dotted(node.value)
         ):
-            owners.append(node.args[0])
+            assigned.append((node.targets[0].id, node.value))  # m = string, then m.x = 1
+    for name, value in assigned:
+        if name not in aliases:
+            aliases[name] = _resolve(value, aliases, ns)
+            chain = _dotted(value)
+            if aliases[name] is None and chain[0] in imported:
+                imported[name] = (*imported[chain[0]], *chain[1:])
     for expression in owners:
+        if expression is None:
+            continue
         owner = _resolve(expression, aliases, ns)
         if _watched(owner, ns) and id(owner) not in _touched:
             _touched[id(owner)] = (owner, dict(vars(owner)))
@@ -133,6 +150,24 @@ def _record_owners(tree, ns):
             if chain and chain[0] in imported:  # not loaded yet: the cell imports it
                 module, *path = imported[chain[0]]
                 _first_imported.add((module, (*path, *chain[1:])))
+
+
+_SETTERS = frozenset(("setattr", "delattr"))
+_DICT_CHANGES = frozenset(("update", "pop", "popitem", "setdefault", "clear", "__setitem__"))
+
+
+def _namespace_of(expression):
+    """``X`` for ``vars(X)`` or ``X.__dict__``; None for anything else."""
+    if (
+        isinstance(expression, ast.Call)
+        and isinstance(expression.func, ast.Name)
+        and expression.func.id == "vars"
+        and len(expression.args) == 1
+    ):
+        return expression.args[0]
+    if isinstance(expression, ast.Attribute) and expression.attr == "__dict__":
+        return expression.value
+    return None
 
 
 def _dotted(expression):

@@ -11,6 +11,7 @@ priority, CPU affinity, locale, time zone and the default socket timeout here.
 """
 
 import _signal
+import _tracemalloc
 import contextlib
 import gc
 import operator
@@ -49,10 +50,19 @@ def _interpreter_settings():
     if hasattr(threading, "gettrace"):
         pairs.append(("thread trace function", threading.gettrace, threading.settrace))
         pairs.append(("thread profile function", threading.getprofile, threading.setprofile))
+    # tracing every allocation slows every later request (several times over)
+    pairs.append(("allocation tracing", _tracemalloc.is_tracing, _set_allocation_tracing))
     socket = sys.modules.get("socket")
     if socket is not None:
         pairs.append(("socket timeout", socket.getdefaulttimeout, socket.setdefaulttimeout))
     return pairs
+
+
+def _set_allocation_tracing(on):
+    if on:
+        _tracemalloc.start()
+    else:
+        _tracemalloc.stop()
 
 
 def _set_dont_write_bytecode(value):

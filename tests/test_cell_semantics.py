@@ -427,3 +427,8 @@ def test_names_the_reference_does_not_have(client: httpx.Client) -> None:
     bundle = run_ok(client, source)
     assert "DeprecationWarning" not in bundle.stderr() and "UserWarning: user" in bundle.stderr()
     assert bundle.variables["_"]["preview"] == 2
+
+
+def test_there_is_no_store_to_pass_values_to_a_later_request(client: httpx.Client) -> None:
+    bundle = read_bundle(execute(client, "x = 'kept'\n%store x"))
+    assert bundle.manifest["success"] is False and "store" in bundle.manifest["error"]

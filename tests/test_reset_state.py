@@ -64,6 +64,21 @@ CASES = {
         "import math, string, json\n"
         "print(math.pi, string.ascii_letters[:3], hasattr(string, 'added'), hasattr(json, 'added'))",
     ),
+    "module values set through an alias or its namespace": Case(
+        "import string\nm = string\nm.ascii_letters = 'x'\nvars(string)['added'] = 1\n"
+        "string.__dict__.update(other=2)",
+        "import string\n"
+        "print(string.ascii_letters[:3], hasattr(string, 'added'), hasattr(string, 'other'))",
+    ),
+    "import finders a cell cached": Case(
+        "import sys\nclass Spy:\n    def find_spec(self, *args):\n        return None\n"
+        "for entry in list(sys.path):\n    sys.path_importer_cache[entry] = Spy()",
+        "import sys\nprint(sorted({type(f).__name__ for f in sys.path_importer_cache.values()}))",
+    ),
+    "allocation tracing": Case(
+        "import tracemalloc; tracemalloc.start(5)",
+        "import tracemalloc; print(tracemalloc.is_tracing())",
+    ),
     "class attributes a cell set": Case(
         "from string import Template\nTemplate.delimiter = '#'\n"
         "del Template.braceidpattern\nTemplate.extra = 1",
@@ -403,6 +418,22 @@ async def test_a_module_a_cell_imported_and_patched_retires_the_kernel(pool: Poo
     async with pool.lease() as lease:
         assert lease.kernel_id != first
         assert await run(lease, "import colorsys\nprint(colorsys.ONE_THIRD)") == f"{1 / 3}\n"
+
+
+async def test_descriptors_a_cell_left_open_retire_the_kernel(pool: Pool) -> None:
+    """Raw descriptors a cell never closed would pile up request after request."""
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, "import os\nkept = [os.open(os.devnull, os.O_RDONLY) for _ in range(100)]")
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id != first
+    async with pool.lease() as lease:  # a few are no reason
+        second = lease.kernel_id
+        await run(lease, "import os\nkept = [os.open(os.devnull, os.O_RDONLY) for _ in range(5)]")
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert lease.kernel_id == second
 
 
 async def test_seeded_generators_are_reseeded(pool: Pool) -> None:

@@ -644,6 +644,8 @@ def install(shell):
     _quiet_formatting(shell)
     _no_loop_while_synchronous(shell)
     _plain_python_text(shell)
+    # %store keeps values on disk for any later request (the reference has no such store)
+    shell.magics_manager.magics["line"].pop("store", None)
     _patch_figure_show()
     figures.install(shell)
     shell.events.register("pre_run_cell", _pre_run_cell)
