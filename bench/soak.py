@@ -530,7 +530,7 @@ class Worker:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the worker exited with {self.proc.returncode}")
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
                     return
             time.sleep(0.1)
         raise TimeoutError("the worker did not become healthy")

@@ -6,7 +6,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
@@ -161,16 +161,25 @@ _MANIFEST_BODY = {
 }
 
 
+def _warm_kernels(kernels: Mapping[str, int]) -> int:
+    return sum(kernels.get(state, 0) for state in ("idle", "busy", "resetting"))
+
+
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """Liveness and capabilities; 503 until a warm kernel exists."""
+    """Liveness and capabilities: 200 while the worker can take cells, that is while a kernel
+    is warm or one is on its way (a replacement starting after a timeout, the pool warming
+    up: cells wait for it). Strata's client refuses a cell that needs a feature when this
+    is not 200, so it must not flicker while a kernel is replaced; ``/ready`` is the probe
+    that wants a warm kernel. 503 only while draining, or with no kernel warm or starting
+    (every start failing)."""
     state = _state(request)
     stats = state.pool.stats()
-    warm = stats.kernels_by_state.get("idle", 0) + stats.kernels_by_state.get("busy", 0)
-    warm += stats.kernels_by_state.get("resetting", 0)
+    kernels = stats.kernels_by_state
+    serving = _warm_kernels(kernels) + kernels.get("starting", 0) > 0
     slots = state.settings.gpu_slots
     body: dict[str, Any] = {
-        "status": "healthy" if warm else "unhealthy",
+        "status": "healthy" if serving else "unhealthy",
         "capabilities": {
             "protocol_versions": [EXECUTOR_PROTOCOL],
             "transform_refs": [TRANSFORM_REF],
@@ -197,7 +206,18 @@ async def health(request: Request) -> JSONResponse:
     }
     if state.draining:
         body["status"] = "draining"
-    return JSONResponse(body, status_code=200 if warm and not state.draining else 503)
+    return JSONResponse(body, status_code=200 if serving and not state.draining else 503)
+
+
+@router.get("/ready")
+async def ready(request: Request) -> JSONResponse:
+    """Readiness (a load balancer's probe): 200 only while a warm kernel exists and the
+    worker is not draining, so traffic waits for the pool's warm-up."""
+    state = _state(request)
+    kernels = dict(state.pool.stats().kernels_by_state)
+    is_ready = _warm_kernels(kernels) > 0 and not state.draining
+    body = {"ready": is_ready, "draining": state.draining, "kernels": kernels}
+    return JSONResponse(body, status_code=200 if is_ready else 503)
 
 
 def _features() -> dict[str, object]:

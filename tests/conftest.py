@@ -140,7 +140,7 @@ class WorkerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"worker exited with {self.proc.returncode}")
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                if httpx.get(self.url + "/ready", timeout=2).status_code == 200:
                     self.remember_kernels()
                     return
             except httpx.TransportError:

@@ -29,7 +29,7 @@ def floor_url() -> Iterator[str]:
         while True:
             assert proc.poll() is None, "the HTTP floor exited"
             try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                if httpx.get(url + "/ready", timeout=2).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

@@ -27,7 +27,7 @@ def test_kubernetes_manifest() -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert int(env["STRATA_KERNEL_WORKER_PORT"]) == ports["http"]
     assert container["args"][container["args"].index("--metrics-port") + 1] == str(ports["metrics"])
-    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     assert kinds["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
     metric = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]

@@ -809,3 +809,23 @@ def test_a_cell_that_changes_the_kernels_machinery_does_not_reach_the_next(
     first = execute(solo, change)
     assert first.status_code == 200, first.text
     assert run_ok(solo, probe).variables["r"]["preview"] == seen
+
+
+def test_health_stays_200_while_the_only_kernel_is_replaced(solo: httpx.Client) -> None:
+    """Strata's client refuses a cell needing a feature check when /health is not 200: it
+    must not flicker while a timed-out kernel is replaced. /ready waits for a warm kernel."""
+    assert execute(solo, "import time\ntime.sleep(60)", timeout_seconds=1).status_code == 408
+    seen: set[tuple[int, str]] = set()
+    ready_codes: set[int] = set()
+    deadline = time.monotonic() + 30
+    while True:
+        health = solo.get("/health")
+        seen.add((health.status_code, health.json()["status"]))
+        ready = solo.get("/ready")
+        ready_codes.add(ready.status_code)
+        if ready.status_code == 200:
+            break
+        assert ready.json()["ready"] is False
+        assert time.monotonic() < deadline, ready.text
+    assert seen == {(200, "healthy")}
+    assert ready.json()["ready"] is True and ready.json()["kernels"].get("idle", 0) >= 1
