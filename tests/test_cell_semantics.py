@@ -432,3 +432,30 @@ def test_names_the_reference_does_not_have(client: httpx.Client) -> None:
 def test_there_is_no_store_to_pass_values_to_a_later_request(client: httpx.Client) -> None:
     bundle = read_bundle(execute(client, "x = 'kept'\n%store x"))
     assert bundle.manifest["success"] is False and "store" in bundle.manifest["error"]
+
+
+def test_a_figure_output_is_pickled_still_open_in_pyplot(client: httpx.Client, tmp_path: Any) -> None:
+    """As from the reference's cell process (figures stay open): read back with pyplot's Agg
+    canvas and known to a later ``plt.show()``. The inline backend used to close every
+    figure before the outputs were serialized."""
+    import subprocess
+    import sys
+
+    source = (
+        "import matplotlib.pyplot as plt\n"
+        "fig = plt.figure()\nplt.plot([1, 2])\n"
+        "shown, ax = plt.subplots()\nax.plot([3])\nplt.show()\n"
+        "still_open = plt.get_fignums()"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.variables["still_open"]["preview"] == [1, 2]
+    (tmp_path / "fig.pickle").write_bytes(bundle.file("fig"))
+    check = (
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+        "from kernel_worker.agent import codecs\n"
+        f"fig = codecs.load_input({str(tmp_path / 'fig.pickle')!r}, 'pickle/object')\n"
+        "fig.canvas.draw()\n"
+        "print(type(fig.canvas).__name__, len(fig.canvas.buffer_rgba()) > 0, plt.get_fignums())"
+    )
+    out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "FigureCanvasAgg True [1]", out.stderr

@@ -35,7 +35,6 @@ class _Run:
         self.inputs = {}
         self.fingerprints = {}
         self.displays = []
-        self.pyplot_shown = []  # figures plt.show() displayed
         self.recording = True
         self.error = None
         self.collected = False
@@ -189,12 +188,11 @@ def _show_pyplot(*args, **kwargs):
     pyplot = sys.modules.get("matplotlib.pyplot")
     if run is not None and run.recording and pyplot is not None:
         for number in pyplot.get_fignums():
-            figure = pyplot.figure(number)
-            display(figure)
-            run.pyplot_shown.append(figure)
+            display(pyplot.figure(number))
         inline_show = getattr(sys.modules.get("matplotlib_inline.backend_inline"), "show", None)
         if inline_show is not None and _inline_backend():
-            inline_show._draw_called = False
+            inline_show._draw_called = False  # shown: the end-of-cell flush leaves them
+            inline_show._to_draw = []
         return None
     return _state["pyplot_show"](*args, **kwargs)
 
@@ -221,19 +219,26 @@ def _patch_figure_show():
     helper = sys.modules["_kernel_pool_agent"]
     helper.after_import("matplotlib.figure", _patch_figure)
     helper.after_import("matplotlib.pyplot", _patch_pyplot)
+    helper.after_import("matplotlib_inline.backend_inline", _keep_figures_open)
 
 
 def _stop_recording():
-    """``post_execute`` runs before the inline backend flushes figures nobody showed. The
-    figures ``plt.show()`` showed are closed now, as the inline backend's own ``show`` would
-    have closed them: its flush shows only the figures nobody showed, as in Jupyter."""
+    """``post_execute`` runs before the inline backend flushes figures nobody showed."""
     run = _current()
     if run is not None:
         run.recording = False
-        pyplot = sys.modules.get("matplotlib.pyplot")
-        if run.pyplot_shown and pyplot is not None and _inline_backend():
-            for figure in run.pyplot_shown:
-                pyplot.close(figure)
+
+
+def _keep_figures_open(module):
+    """The inline backend shows the figures nobody showed at the end of a cell and would
+    then close them all, before the cell's outputs are serialized: a figure that is an output
+    would be pickled detached from pyplot (read back without its Agg canvas, and unknown to
+    a later ``plt.show()``), where the reference's cell process leaves figures open. Here
+    they stay open until the reset closes them."""
+    config = sys.modules.get("matplotlib_inline.config")
+    backend = getattr(config, "InlineBackend", None)
+    if backend is not None:
+        backend.instance().close_figures = False
 
 
 # -- the run ---------------------------------------------------------------------------------------
