@@ -371,6 +371,10 @@ def keep_transfer_buffers() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 32 << 20))
 
 
+#: the oldest Python Strata's notebook client runs on (its cells' outputs are read there)
+STRATA_PYTHON = (3, 12)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["run"]:  # `strata-kernel-worker run CELL.py …`: the client, not the server
@@ -388,6 +392,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     if settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
+        )
+    if sys.version_info < STRATA_PYTHON:
+        log.warning(
+            "kernels run Python %d.%d, and Strata notebooks Python %d.%d or later: functions, "
+            "lambdas and classes a cell returns go out pickled and may not load there (pickled "
+            "code does not cross minor versions); run the worker on the notebook's Python",
+            *sys.version_info[:2],
+            *STRATA_PYTHON,
         )
     app = create_app(settings)
     config = uvicorn.Config(
