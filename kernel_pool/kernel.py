@@ -452,7 +452,7 @@ class Kernel:
                 self._reset_verdicts[msg_id] = InlineReset.from_content(msg["content"])
             elif msg_type == "status":
                 idle = msg["content"].get("execution_state") == "idle"
-                if idle and answer is None:
+                if idle and answer is None and no_reply_by == math.inf:
                     no_reply_by = time.monotonic() + _NO_REPLY_GRACE_SECONDS
             elif msg_type != "execute_input":
                 sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
