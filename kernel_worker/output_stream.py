@@ -66,9 +66,10 @@ class OutputDirStreamer:
                 await self._upload(key, version)
 
     def streamed(self) -> dict[str, list[str]]:
-        """``{folder: [path, ...]}`` stored by the orchestrator and unchanged since."""
+        """``{folder: [path, ...]}`` stored by the orchestrator and unchanged since; every
+        declared folder is named, an empty one with no paths (as the reference lists it)."""
         current = self._versions()
-        result: dict[str, list[str]] = {}
+        result: dict[str, list[str]] = {name: [] for name in self._names}
         for (folder, rel), version in sorted(self._stored.items()):
             if current.get((folder, rel)) == version:
                 result.setdefault(folder, []).append(rel)

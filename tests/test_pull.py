@@ -490,7 +490,7 @@ def test_output_dir_files_stream_to_output_file_url(
 ) -> None:
     store.refuse_paths.add("refused.txt")
     source = (
-        "# @output_dir plots\n"
+        "# @output_dir plots\n# @output_dir empty\n"
         "(plots / 'a.txt').write_text('alpha')\n"
         "(plots / 'refused.txt').write_text('kept in the bundle')\n"
         "(plots / 'sub').mkdir()\n(plots / 'sub' / 'b.bin').write_bytes(b'12345')\n"
@@ -501,8 +501,9 @@ def test_output_dir_files_stream_to_output_file_url(
     assert store.output_files[key] == {("plots", "a.txt"): b"alpha", ("plots", "sub/b.bin"): b"12345"}
     bundle = store.bundle(key)
     manifest_json = bundle.manifest
-    assert manifest_json["output_dirs_streamed"] == {"plots": ["a.txt", "sub/b.bin"]}
-    assert manifest_json["output_dirs"] == {"plots": {"refused.txt": 18}}
+    # every declared folder is named, an empty one with no paths (as the reference lists it)
+    assert manifest_json["output_dirs_streamed"] == {"empty": [], "plots": ["a.txt", "sub/b.bin"]}
+    assert manifest_json["output_dirs"] == {"empty": {}, "plots": {"refused.txt": 18}}
     assert bundle.members["dirs/plots/refused.txt"] == b"kept in the bundle"
     assert "dirs/plots/a.txt" not in bundle.members
 
