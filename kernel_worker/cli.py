@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ctypes
 import logging
 import math
@@ -94,6 +95,14 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "address to bind (default 127.0.0.1; 0.0.0.0 when a token is set)",
     ),
     ("--port", f"{ENV_PREFIX}PORT", int, f"port to bind (default {DEFAULT_PORT})"),
+    (
+        "--connect",
+        f"{ENV_PREFIX}CONNECT",
+        str,
+        "bind no port: dial out to the relay at this ws:// or wss:// URL and serve the requests "
+        "it forwards, redialling with backoff; the relay's token is read from "
+        "STRATA_WORKER_CONNECT_TOKEN (--host and --port are then unused)",
+    ),
     (
         "--pool-size",
         f"{ENV_PREFIX}POOL_SIZE",
@@ -386,10 +395,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .app import create_app
 
     settings = settings_from(argv, os.environ)
+    # read before the app scrubs the worker's secrets from the environment
+    relay_token = os.environ.get("STRATA_WORKER_CONNECT_TOKEN", "").strip() or None
     keep_transfer_buffers()
     logs.configure(settings.log_level, settings.log_format)
     log = logging.getLogger("kernel_worker")
-    if settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
+    if settings.token is None and settings.connect is not None:
+        log.warning(
+            "connecting to %s WITHOUT a token (STRATA_WORKER_TOKEN): anyone who can reach "
+            "the relay can run code here",
+            settings.connect,
+        )
+    elif settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
         )
@@ -402,6 +419,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             *STRATA_PYTHON,
         )
     app = create_app(settings)
+    if settings.connect is not None:
+        from .relay import run_connected
+
+        raise SystemExit(
+            asyncio.run(run_connected(app, settings.connect, relay_token, settings.drain_seconds))
+        )
     config = uvicorn.Config(
         app,
         host=settings.host,

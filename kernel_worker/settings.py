@@ -103,6 +103,8 @@ class Settings:
     drain_seconds: float = 30.0
     heartbeat_seconds: float | None = None
     """``POST /execute`` answers that take longer stream a space this often (strata-pool)."""
+    connect: str | None = None
+    """A relay's ws:// or wss:// URL to dial and serve through, instead of binding a port."""
     # pull model (spec §10): where signed URLs may point
     allow_local_hosts: bool = False
     allowed_hosts: tuple[str, ...] = ()
@@ -124,6 +126,8 @@ class Settings:
             raise ValueError("file reuse bytes must not be negative")
         if self.heartbeat_seconds is not None and not self.heartbeat_seconds > 0:
             raise ValueError("heartbeat interval must be positive")
+        if self.connect is not None and not self.connect.startswith(("ws://", "wss://")):
+            raise ValueError("--connect takes a ws:// or wss:// URL")
 
 
 def default_run_root() -> Path | None:

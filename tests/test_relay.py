@@ -1,0 +1,336 @@
+"""``--connect``: a worker that binds no port and serves the requests a relay forwards.
+
+The relay is tests/fake_relay.py, on a real WebSocket; the worker is a real process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+from kernel_worker.relay import serve_relay
+from tests.conftest import ROOT, WorkerProcess, wait_gone
+from tests.fake_relay import MAX_PAYLOAD_BYTES, FakeRelay
+from tests.wire import execute, run_ok
+
+RELAY_TOKEN = "relay-secret-2f9c"
+WORKER_TOKEN = "worker-token-77ab"
+AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
+
+
+def _start(
+    tmp_path: Path, relay_url: str, *args: str, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline", **(env or {})}
+    full_env.pop("PYTEST_CURRENT_TEST", None)
+    run_dir = tmp_path / "runs"
+    run_dir.mkdir(exist_ok=True)
+    return WorkerProcess(
+        ["--connect", relay_url, "--queue-wait", "30", *args],
+        full_env,
+        run_dir,
+        tmp_path / "worker.log",
+    )
+
+
+def _wait_ready(relay: FakeRelay, worker: WorkerProcess, connections: int = 1) -> None:
+    relay.wait_connected(connections)
+    deadline = time.monotonic() + 60
+    with relay.client(timeout=10) as client:
+        while client.get("/ready").status_code != 200:
+            assert time.monotonic() < deadline, "no warm kernel behind the relay"
+            time.sleep(0.1)
+    worker.remember_kernels()
+
+
+@pytest.fixture(scope="module")
+def relayed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[FakeRelay, WorkerProcess]]:
+    relay = FakeRelay(token=RELAY_TOKEN)
+    env = {"STRATA_WORKER_CONNECT_TOKEN": RELAY_TOKEN, "STRATA_WORKER_TOKEN": WORKER_TOKEN}
+    worker = _start(tmp_path_factory.mktemp("relayed"), relay.url, "--pool-size", "2", env=env)
+    try:
+        _wait_ready(relay, worker)
+        yield relay, worker
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(60) == 0, worker.logs()
+    finally:
+        worker.stop()  # fails if a kernel outlived it or a run directory was left
+        relay.close()
+
+
+def test_a_cell_runs_through_the_relay_with_its_inputs_and_outputs(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
+    relay, _ = relayed
+    with relay.client(timeout=60) as client:
+        bundle = run_ok(
+            client,
+            "doubled = [x * 2 for x in xs]\nprint('hello from', len(xs))",
+            [({"name": "xs", "format": "json/object", "file": "xs.json"}, b"[1, 2, 3]")],
+            headers=AUTH,
+        )
+    assert bundle.stdout() == "hello from 3\n"
+    assert json.loads(bundle.file("doubled")) == [2, 4, 6]
+
+
+def test_the_worker_token_still_guards_every_route(relayed: tuple[FakeRelay, WorkerProcess]) -> None:
+    relay, _ = relayed
+    with relay.client(timeout=60) as client:
+        refused = execute(client, "x = 1")
+        health = client.get("/health")
+    assert refused.status_code == 401
+    assert refused.json()["detail"] == "Missing or malformed Authorization header (expected Bearer token)"
+    assert health.status_code == 200  # open, as on a port
+
+
+def test_the_relay_token_is_sent_in_the_handshake_and_never_reaches_a_cell(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
+    relay, worker = relayed
+    assert relay.handshakes[-1]["Authorization"] == f"Bearer {RELAY_TOKEN}"
+    assert relay.handshakes[-1]["Sec-WebSocket-Protocol"] == "strata-worker-connect.v1"
+    source = (
+        "import os\n"
+        f"seen = [os.environ.get(n) for n in ('STRATA_WORKER_CONNECT_TOKEN', 'STRATA_WORKER_TOKEN')]\n"
+        f"raw = open('/proc/{worker.proc.pid}/environ', 'rb').read()\n"
+        f"leaked = {RELAY_TOKEN.encode()!r} in raw or {WORKER_TOKEN.encode()!r} in raw"
+    )
+    with relay.client(timeout=60) as client:
+        bundle = run_ok(client, source, headers=AUTH)
+    assert json.loads(bundle.file("seen")) == [None, None]
+    assert json.loads(bundle.file("leaked")) is False
+
+
+def test_large_bodies_cross_in_chunks_no_larger_than_a_relay_takes(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
+    relay, _ = relayed
+    text = os.urandom(1_500_000).hex()  # 3 MB in; 3 MB of noise (stored, not deflated) out
+    source = (
+        "import hashlib, os\n"
+        "digest = hashlib.sha256(blob.encode()).hexdigest()\n"
+        "noise = os.urandom(3_000_000)"
+    )
+    with relay.client(timeout=60) as client:
+        bundle = run_ok(
+            client,
+            source,
+            [({"name": "blob", "format": "json/object", "file": "blob.json"}, f'"{text}"'.encode())],
+            headers=AUTH,
+        )
+    assert json.loads(bundle.file("digest")) == hashlib.sha256(text.encode()).hexdigest()
+    assert len(bundle.file("noise")) >= 3_000_000  # the bundle's gzip CRC checked every byte
+    assert relay.largest_message <= MAX_PAYLOAD_BYTES + 4
+
+
+def test_requests_share_the_socket_and_run_at_once(relayed: tuple[FakeRelay, WorkerProcess]) -> None:
+    relay, _ = relayed
+    finished: dict[str, float] = {}
+
+    def run(name: str, source: str) -> None:
+        with relay.client(timeout=60) as client:
+            run_ok(client, source, headers=AUTH)
+        finished[name] = time.monotonic()
+
+    slow = threading.Thread(target=run, args=("slow", "import time; time.sleep(2); s = 1"))
+    slow.start()
+    time.sleep(0.3)
+    run("quick", "q = 1")
+    slow.join(60)
+    assert finished["quick"] < finished["slow"]
+
+
+def test_a_relay_abort_cancels_the_running_cell(relayed: tuple[FakeRelay, WorkerProcess]) -> None:
+    relay, worker = relayed
+    with relay.client(timeout=1.5) as client, pytest.raises(httpx.ReadTimeout):
+        execute(client, "import time\ntime.sleep(60)\nx = 1", headers=AUTH)
+    deadline = time.monotonic() + 20
+    with relay.client(timeout=60) as client:
+        while client.get("/health").json()["active_executions"]:
+            assert time.monotonic() < deadline, "the aborted cell kept running"
+            time.sleep(0.1)
+        assert run_ok(client, "after = 2", headers=AUTH).file("after") == b"2"
+    while list(worker.run_dir.glob("skw-run-*")):  # removed just after each answer
+        assert time.monotonic() < deadline + 10, "a run directory was left behind"
+        time.sleep(0.1)
+
+
+def test_the_worker_dials_again_when_the_relay_drops_it(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
+    relay, worker = relayed
+    before = relay.connections
+    relay.drop()
+    _wait_ready(relay, worker, before + 1)
+    with relay.client(timeout=60) as client:
+        assert run_ok(client, "again = 3", headers=AUTH).file("again") == b"3"
+
+
+def test_a_worker_started_before_its_relay_connects_once_it_listens(tmp_path: Path) -> None:
+    with socket.socket() as probe:  # a port nobody listens on yet
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    worker = _start(tmp_path, f"ws://127.0.0.1:{port}/v1/worker-connect", "--pool-size", "1")
+    relay = None
+    try:
+        time.sleep(2)  # it has failed to dial at least once
+        assert worker.proc.poll() is None, worker.logs()
+        relay = FakeRelay(port=port)
+        _wait_ready(relay, worker)
+        with relay.client(timeout=60) as client:
+            assert run_ok(client, "late = 1").file("late") == b"1"
+        assert "lost the relay" in worker.logs()
+    finally:
+        worker.stop()
+        if relay is not None:
+            relay.close()
+
+
+@pytest.mark.parametrize(
+    ("relay_kwargs", "why"),
+    [
+        ({"refuse_status": 403}, "refused the worker: 403"),
+        ({"token": "another"}, "refused the worker: 401"),
+        ({"subprotocol": False}, "does not speak strata-worker-connect.v1"),
+    ],
+)
+def test_a_relay_that_refuses_the_worker_stops_it(
+    tmp_path: Path, relay_kwargs: dict[str, object], why: str
+) -> None:
+    relay = FakeRelay(**relay_kwargs)  # type: ignore[arg-type]
+    worker = _start(
+        tmp_path, relay.url, "--pool-size", "1", env={"STRATA_WORKER_CONNECT_TOKEN": RELAY_TOKEN}
+    )
+    seen: set[int] = set()  # its kernels, while it runs
+    try:
+        deadline = time.monotonic() + 90
+        while worker.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                seen |= {p.pid for p in psutil.Process(worker.proc.pid).children(recursive=True)}
+            time.sleep(0.05)
+        assert worker.proc.returncode == 1, worker.logs()
+        assert why in worker.logs()
+        assert seen, "the pool started before the worker dialled"
+        wait_gone(seen, 10, "a kernel outlived its refused worker")
+    finally:
+        worker.stop()
+        relay.close()
+
+
+def test_connect_takes_only_a_websocket_url() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_worker", "--connect", "http://relay.example/"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--connect takes a ws:// or wss:// URL" in done.stderr
+
+
+# --- the transport alone, with a small app in this process ------------------------------
+
+
+async def _big(request: Request) -> Response:
+    return Response(_BIG, media_type="application/octet-stream")
+
+
+async def _echo(request: Request) -> Response:
+    body = await request.body()
+    return Response(hashlib.sha256(body).hexdigest().encode())
+
+
+async def _ignore(request: Request) -> Response:
+    return Response(status_code=204)  # never reads the body it was sent
+
+
+async def _boom(request: Request) -> Response:
+    raise RuntimeError("a bug")
+
+
+async def _cut(request: Request) -> StreamingResponse:
+    async def parts() -> AsyncIterator[bytes]:
+        yield b"first part"
+        raise RuntimeError("a bug mid-body")
+
+    return StreamingResponse(parts())
+
+
+_BIG = os.urandom(3 * MAX_PAYLOAD_BYTES + 5)
+_APP = Starlette(
+    routes=[
+        Route("/big", _big),
+        Route("/echo", _echo, methods=["POST"]),
+        Route("/ignore", _ignore, methods=["POST"]),
+        Route("/boom", _boom),
+        Route("/cut", _cut),
+    ]
+)
+
+
+@pytest.fixture
+async def in_process() -> AsyncIterator[FakeRelay]:
+    relay = FakeRelay(chunk_bytes=64 * 1024)
+    serving = asyncio.create_task(serve_relay(relay.url, _APP, None))
+    try:
+        await asyncio.to_thread(relay.wait_connected)
+        yield relay
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        relay.close()
+
+
+def _get(relay: FakeRelay, method: str, path: str, body: bytes = b"") -> httpx.Response:
+    with relay.client(timeout=30) as client:
+        return client.request(method, path, content=body)
+
+
+async def test_a_body_larger_than_a_message_is_cut_into_full_chunks(in_process: FakeRelay) -> None:
+    answer = await asyncio.to_thread(_get, in_process, "GET", "/big")
+    assert answer.status_code == 200
+    assert answer.content == _BIG
+    assert in_process.largest_message == MAX_PAYLOAD_BYTES + 4
+
+
+async def test_a_request_body_arrives_whole_and_in_order(in_process: FakeRelay) -> None:
+    sent = os.urandom(5_000_000)
+    answer = await asyncio.to_thread(_get, in_process, "POST", "/echo", sent)
+    assert answer.text == hashlib.sha256(sent).hexdigest()
+
+
+async def test_a_body_the_app_never_reads_does_not_stall_the_socket(in_process: FakeRelay) -> None:
+    # 10 MB in 64 KiB messages: far more than a request's inbox holds
+    answer = await asyncio.to_thread(_get, in_process, "POST", "/ignore", os.urandom(10_000_000))
+    assert answer.status_code == 204
+    after = await asyncio.to_thread(_get, in_process, "POST", "/echo", b"next")
+    assert after.text == hashlib.sha256(b"next").hexdigest()
+
+
+async def test_an_app_failure_is_a_500_or_a_cut_off_body(in_process: FakeRelay) -> None:
+    failed = await asyncio.to_thread(_get, in_process, "GET", "/boom")
+    assert failed.status_code == 500
+    with pytest.raises(httpx.RemoteProtocolError, match="aborted"):
+        await asyncio.to_thread(_get, in_process, "GET", "/cut")
+    assert (await asyncio.to_thread(_get, in_process, "GET", "/big")).content == _BIG
