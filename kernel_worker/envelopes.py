@@ -12,7 +12,7 @@ because most details are fixed strings that must come out in the reference's ord
 
 File names: an input is staged as its descriptor's ``file`` (or ``<name><ext>``, §5.1),
 a plain file name that can never leave the run directory; injected values of
-``module/cell`` inputs as ``__inj_<input index>_<j><ext>`` (§5.3). The prefixes in
+``module/cell`` inputs as ``__inj_<input number, from 1>_<j><ext>`` (§5.3). The prefixes in
 :data:`RESERVED_FILE_PREFIXES` belong to the worker, so no request may use them.
 """
 
@@ -355,8 +355,9 @@ def _injected_one(index: int, j: int, owner: str, name: str, spec: object) -> In
     return InjectedSpec(
         name=name,
         content_type=content_type,
-        # The request's file name is only a lookup key; the staged name is ours.
-        file=f"{INJECTED_FILE_PREFIX}{index}_{j}{ext}",
+        # The request's file name is only a lookup key; the staged name is ours. Inputs
+        # count from 1 there, as the reference's staged names do.
+        file=f"{INJECTED_FILE_PREFIX}{index + 1}_{j}{ext}",
         part_names=_dedup((sent, name, f"{name}{ext}")),
     )
 

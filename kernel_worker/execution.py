@@ -268,7 +268,11 @@ async def run_cell(
             last=True,  # one cell per lease: the kernel resets itself right after replying
         )
     except ExecutionTimeout:
-        raise CellTimedOut(f"Cell execution timed out after {request.timeout_seconds:g}s") from None
+        raise CellTimedOut(
+            f"Cell execution timed out after {request.timeout_seconds:g}s. To give it longer, "
+            "put a '# @timeout <seconds>' line at the top of the cell, or raise the "
+            "notebook's timeout"
+        ) from None
     except KernelNoReply:
         raise KernelCrashed(
             "The kernel running the cell stopped answering requests (the cell broke the "

@@ -121,9 +121,9 @@ def test_real_client_envelope_parses() -> None:
     )
     assert helper.file == "helper.cell_module.json"
     assert helper.injected == (
-        InjectedSpec("n", "json/object", "__inj_2_0.json", ("helper__inj__n.json", "n", "n.json")),
+        InjectedSpec("n", "json/object", "__inj_3_0.json", ("helper__inj__n.json", "n", "n.json")),
         InjectedSpec(
-            "m", "pickle/object", "__inj_2_1.pickle", ("helper__inj__m.pickle", "m", "m.pickle")
+            "m", "pickle/object", "__inj_3_1.pickle", ("helper__inj__m.pickle", "m", "m.pickle")
         ),
     )
 
@@ -223,7 +223,7 @@ def test_flat_envelope() -> None:
     assert request.timeout_seconds == 5.0
     assert [spec.file for spec in request.inputs] == ["df.arrow", "w.pickle", "h.cell_module.json"]
     assert request.inputs[2].injected == (
-        InjectedSpec("k", "json/object", "__inj_2_0.json", ("k.json", "k")),
+        InjectedSpec("k", "json/object", "__inj_3_0.json", ("k.json", "k")),
     )
     assert request.build_id == "b1"
 

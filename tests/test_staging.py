@@ -400,8 +400,8 @@ async def test_bind_by_file_then_name_then_name_and_extension(inputs_dir: Path) 
         "w.pickle": b"W",
         "Cfg-1234.json": b"C",
         "helper.cell_module.json": b"H",
-        "__inj_3_0.json": b"N",
-        "__inj_3_1.pickle": b"K",
+        "__inj_4_0.json": b"N",
+        "__inj_4_1.pickle": b"K",
     }
 
 
@@ -463,10 +463,10 @@ async def test_one_upload_named_by_two_inputs(inputs_dir: Path) -> None:
     bind_inputs(parse_execute_v1(envelope(inputs)), staged, inputs_dir)
     assert contents(inputs_dir) == {
         "n.json": b"5",
-        "__inj_1_0.json": b"5",
+        "__inj_2_0.json": b"5",
         "h.cell_module.json": b"{}",
     }
-    assert same_file(inputs_dir / "n.json", inputs_dir / "__inj_1_0.json")
+    assert same_file(inputs_dir / "n.json", inputs_dir / "__inj_2_0.json")
 
 
 async def test_taken_file_name_is_refused_before_any_rename(inputs_dir: Path) -> None:

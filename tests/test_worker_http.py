@@ -420,7 +420,8 @@ def test_timeout_is_408_and_the_worker_recovers(client: httpx.Client) -> None:
     assert response.status_code == 408
     assert time.monotonic() - started < 10
     body = response.json()
-    assert "timed out after 1s" in body["detail"] and body["success"] is False
+    assert body["detail"].startswith("Cell execution timed out after 1s. To give it longer")
+    assert "# @timeout <seconds>" in body["detail"] and body["success"] is False
     assert run_ok(client, "ok = True").variables["ok"]["preview"] is True
 
 
