@@ -32,6 +32,7 @@ from .execution import KEPT_DIR_PREFIX, ExecutionContext, sweep_stale_run_dirs
 from .fastpath import FastPath
 from .file_reuse import ReusableFiles
 from .jobs import JobQueue
+from .kernel_env import kernel_environment
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
@@ -84,7 +85,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     secrets = scrub_secrets(os.environ)
     if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
         settings = replace(settings, token=secrets["STRATA_WORKER_TOKEN"].strip())
-    kernel_env = dict(os.environ)
+    kernel_env = kernel_environment(os.environ, settings.kernel_env_allowlist)
+    if settings.kernel_env_allowlist:
+        log.info(
+            "kernels see %d of the worker's %d environment variables (allowlist)",
+            len(kernel_env),
+            len(os.environ),
+        )
     pool = Pool(pool_config(settings, kernel_env))
     jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
     owner = _kernel_owner(settings.kernel_user)

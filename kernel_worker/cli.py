@@ -18,6 +18,7 @@ from typing import Any
 from kernel_pool import RecyclePolicy
 
 from . import logs
+from .kernel_env import ALLOWLIST_ENV_VAR, parse_allowlist
 from .settings import (
     DEFAULT_PORT,
     Settings,
@@ -320,6 +321,10 @@ def _settings(
         "allowed_hosts": allowed_hosts_from_env(environ),
         **values,
     }
+    try:
+        kwargs["kernel_env_allowlist"] = parse_allowlist(environ.get(ALLOWLIST_ENV_VAR, ""))
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         settings = Settings(**kwargs)
     except ValueError as exc:

@@ -103,6 +103,9 @@ class Settings:
     drain_seconds: float = 30.0
     heartbeat_seconds: float | None = None
     """``POST /execute`` answers that take longer stream a space this often (strata-pool)."""
+    kernel_env_allowlist: tuple[str, ...] = ()
+    """``STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST``: when set, kernels see only these variables
+    (and a floor any process needs); see kernel_env."""
     connect: str | None = None
     """A relay's ws:// or wss:// URL to dial and serve through, instead of binding a port."""
     # pull model (spec §10): where signed URLs may point
