@@ -186,6 +186,13 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "executions that may wait for a kernel; more get 503 + Retry-After (default 32)",
     ),
     (
+        "--max-concurrent",
+        "STRATA_WORKER_MAX_CONCURRENT",
+        _positive_int,
+        "executions admitted at once, running or waiting for a kernel; more get 503 + "
+        "Retry-After (default: --pool-size running plus --queue-depth waiting)",
+    ),
+    (
         "--job-ttl",
         f"{ENV_PREFIX}JOB_TTL",
         _seconds,

@@ -190,7 +190,7 @@ async def health(request: Request) -> JSONResponse:
         "launch_id": state.settings.launch_id,
         "active_executions": state.active_executions,
         "queue_depth": state.jobs.queued,
-        "max_concurrent": state.settings.pool_size,
+        "max_concurrent": state.settings.max_concurrent or state.settings.pool_size,
         "gpu_slots": len(slots) if slots else None,
         "free_gpu_slots": _free_slots(state) if slots else None,
         "hardware": dict(state.context.hardware),

@@ -89,6 +89,8 @@ class Settings:
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES
     queue_wait_seconds: float = 2.0
     queue_depth: int = 32
+    max_concurrent: int | None = None
+    """Executions admitted at once (running or waiting for a kernel); more get 503."""
     job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
     file_reuse_bytes: int = 256 * 1024 * 1024
@@ -123,6 +125,8 @@ class Settings:
             raise ValueError("log format must be 'text' or 'json'")
         if self.queue_depth < 0:
             raise ValueError("queue depth must not be negative")
+        if self.max_concurrent is not None and self.max_concurrent < 1:
+            raise ValueError("max concurrent executions must be at least 1")
         if self.job_ttl_seconds <= 0:
             raise ValueError("job TTL must be positive")
         if self.file_reuse_bytes < 0:

@@ -61,6 +61,9 @@ class WorkerState:
         """Count an execution as active (and cancellable by build id) until discharged."""
         if self.draining:
             raise WorkerBusy("Worker is shutting down")
+        limit = self.settings.max_concurrent
+        if limit is not None and len(self.executions) >= limit:
+            raise WorkerBusy(f"Worker is running {len(self.executions)} of {limit} executions")
         execution = Execution(build_id)
         self.executions.append(execution)
         return execution

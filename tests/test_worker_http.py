@@ -6,6 +6,7 @@ import io
 import json
 import pickle
 import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from .conftest import WorkerProcess, start_worker
+from .conftest import ROOT, WorkerProcess, start_worker
 from .wire import execute, first_block_stored, read_bundle, run_ok, v1_metadata
 
 
@@ -581,6 +582,48 @@ def test_busy_worker_queues_with_202_then_503_when_full(
             assert read_bundle(result["r"]).variables["a"]["preview"] == 1
     finally:
         w.stop()
+
+
+def test_max_concurrent_refuses_what_it_cannot_admit_with_503(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import threading
+
+    env = {"STRATA_WORKER_MAX_CONCURRENT": "1"}  # the reference's variable, read as its flag
+    w = start_worker(tmp_path_factory, "--pool-size", "2", env=env)
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
+            base_url=w.url, timeout=60
+        ) as other:
+            assert c.get("/health").json()["max_concurrent"] == 1
+            result: dict[str, httpx.Response] = {}
+            thread = threading.Thread(
+                target=lambda: result.update(r=execute(other, "import time\ntime.sleep(3)\na = 1"))
+            )
+            thread.start()
+            deadline = time.monotonic() + 10
+            while c.get("/health").json()["active_executions"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            # a kernel is free, but the worker admits one execution at a time
+            refused = execute(c, "b = 2")
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "5"
+            assert refused.json()["detail"] == "Worker is running 1 of 1 executions"
+            thread.join(30)
+            assert read_bundle(result["r"]).variables["a"]["preview"] == 1
+            assert run_ok(c, "b = 2").variables["b"]["preview"] == 2
+    finally:
+        w.stop()
+
+
+def test_max_concurrent_must_be_positive() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kernel_worker", "--max-concurrent", "0"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "--max-concurrent: must be at least 1, got 0" in done.stderr.replace("argument ", "")
 
 
 def test_queued_job_that_times_out_reports_408_through_the_poll(
