@@ -248,6 +248,10 @@ async def run_cell(
         if folders
         else build_plan(request, run_dir, mounts)
     )
+    if lease.slot is not None:
+        # the kernel's GPU wins over a caller's value, for the cell and what it starts
+        # (CUDA in the kernel read the slot at start; a child would read this)
+        plan["env"]["CUDA_VISIBLE_DEVICES"] = lease.slot
     reuse = context.reuse
     offered = reuse.offer() if reuse is not None else []
     if offered:

@@ -498,17 +498,23 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
             "import os\ntoken = os.environ.get('STRATA_WORKER_TOKEN')\n"
             "everywhere = any('s3cret-token' in v for v in os.environ.values())\n"
             "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
+            "import subprocess, sys\n"
+            "child_gpu = subprocess.run([sys.executable, '-c', 'import os; "
+            "print(os.environ[\"CUDA_VISIBLE_DEVICES\"])'], capture_output=True, "
+            "text=True).stdout.strip()\n"
             # the worker, and the kernel's parent (the fork server)
             "blocks = [open(f'/proc/{p}/environ', 'rb').read() for p in (worker, os.getppid())]\n"
             "in_parent = any(b's3cret-token' in block for block in blocks)\n"
             "parent_seen = all(len(block) > 0 for block in blocks)"
         )
         worker = ({"name": "worker", "format": "json/object"}, str(guarded.proc.pid).encode())
-        v = run_ok(c, source, [worker]).variables
+        # a caller's CUDA_VISIBLE_DEVICES never moves a cell off its kernel's GPU
+        v = run_ok(c, source, [worker], env={"CUDA_VISIBLE_DEVICES": "7"}).variables
         assert v["token"]["preview"] is None and v["everywhere"]["preview"] is False
         # the worker's own initial environment block no longer holds it either
         assert v["parent_seen"]["preview"] is True and v["in_parent"]["preview"] is False
         assert v["gpu"]["preview"] in {"0", "1"}
+        assert v["child_gpu"]["preview"] == v["gpu"]["preview"]
         health = c.get("/health").json()
         assert health["gpu_slots"] == 2 and health["free_gpu_slots"] == 2
 
