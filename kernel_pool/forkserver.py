@@ -104,6 +104,10 @@ class ForkedKernelProcess:
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _adopting = 0  # forks in flight, over every pool of this process
 _subreaper_before = False  # already a subreaper (set by someone else): left as it is
+# Sessions of the kernels this process forked (each kernel leads its own), newest last.
+_kernel_sessions: dict[int, None] = {}
+_KERNEL_SESSIONS_KEPT = 65536
+_strays: dict[int, int] = {}  # adopted processes still running: pid -> pidfd
 
 
 @contextlib.contextmanager
@@ -121,8 +125,72 @@ def _adopting_orphans() -> Iterator[None]:
         yield
     finally:
         _adopting -= 1
-        if _adopting == 0 and not _subreaper_before:
-            _set_subreaper(False)
+        if _adopting == 0:
+            if not _subreaper_before:
+                _set_subreaper(False)
+            _reap_strays()
+
+
+def _remember_session(kernel_pid: int) -> None:
+    _kernel_sessions[kernel_pid] = None
+    if len(_kernel_sessions) > _KERNEL_SESSIONS_KEPT:
+        del _kernel_sessions[next(iter(_kernel_sessions))]
+
+
+def _reap_strays() -> None:
+    """Reap what the last adoption window took in besides kernels.
+
+    A kernel that dies while this process is a subreaper (a replacement being forked, as
+    after a retirement) leaves its children to this process: a cell's subprocess, killed
+    with the kernel's process group or still running. Nothing else waits for them, so each
+    would stay a zombie for the worker's life. They are found by their session, a kernel's
+    (a process that started its own session has escaped that far, and is not recognised).
+    """
+    me = os.getpid()
+    for pid, parent, session in _processes():
+        if parent != me or pid == session or session not in _kernel_sessions or pid in _strays:
+            continue
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            continue
+        if not done:
+            _watch_stray(pid)
+
+
+def _watch_stray(pid: int) -> None:
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return  # no pidfd: it is reaped by the scan after a later fork, if any
+    _strays[pid] = fd
+    asyncio.get_running_loop().add_reader(fd, _reap_stray, pid)
+
+
+def _reap_stray(pid: int) -> None:
+    unwatch_and_close(_strays.pop(pid, None))
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _processes() -> Iterator[tuple[int, int, int]]:
+    """(pid, parent pid, session id) of every process, zombies included, from /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        with contextlib.suppress(IndexError, ValueError):
+            yield int(name), int(fields[1]), int(fields[3])
 
 
 def _prctl(*args: Any) -> int:
@@ -207,6 +275,8 @@ class ForkServer:
         async with self._lock:
             with _adopting_orphans():
                 reply = await self._ask(request, deadline)
+                if isinstance(reply.get("pid"), int):
+                    _remember_session(reply["pid"])
         if "pid" not in reply:
             raise KernelStartError(f"fork server could not fork a kernel: {reply.get('error')}")
         return ForkedKernelProcess(int(reply["pid"]))

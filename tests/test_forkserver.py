@@ -353,3 +353,19 @@ async def test_fork_setup_code_that_fails_stops_the_start_with_its_message() -> 
     with pytest.raises(KernelStartError, match="bad setup"):
         await pool.start()
     await pool.aclose()
+
+
+async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped() -> None:
+    """A cell's subprocess is killed with its retired kernel while the replacement is being
+    forked; orphaned then, it is this process's child, and must not stay a zombie."""
+    before = set(zombies(os.getpid()))
+    async with Pool(PoolConfig(size=1)) as pool:
+        for _ in range(3):
+            async with pool.lease() as lease:
+                await run(lease, "import subprocess\nsubprocess.Popen(['sleep', '900'])", last=True)
+            await settle(pool, idle=1)
+        assert sum(pool.stats().retirements.values()) >= 3  # each cell retired its kernel
+        deadline = time.monotonic() + 10
+        while set(zombies(os.getpid())) - before:
+            assert time.monotonic() < deadline, f"never reaped: {set(zombies(os.getpid())) - before}"
+            await asyncio.sleep(0.05)
