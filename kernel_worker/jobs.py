@@ -53,7 +53,10 @@ class Job:
     started: asyncio.Event = field(default_factory=asyncio.Event)
     done: asyncio.Event = field(default_factory=asyncio.Event)
     task: asyncio.Task[None] | None = None
+    handed_off: bool = False
+    """Answered ``202``: its result waits for a poll, its submitter is gone."""
     _expiry: asyncio.TimerHandle | None = None
+    _run_dir_removed: bool = False
 
     def mark_running(self) -> None:
         self.state = JobState.RUNNING
@@ -112,6 +115,25 @@ class JobQueue:
             job._expiry = asyncio.get_running_loop().call_later(
                 self._ttl_seconds, self.release, job
             )  # uncollected results expire
+            if job.handed_off:
+                self._remove_unneeded_run_dir(job)
+
+    def hand_off(self, job: Job) -> None:
+        """``job`` was answered ``202``: a poll collects its result, maybe never.
+
+        Its run directory (inputs of up to gigabytes, on a memory filesystem by default) is
+        removed as soon as the job ends, unless the result is still to be written from it;
+        the result itself (a small bundle, a pull run's answer, an error) waits for the poll.
+        """
+        job.handed_off = True
+        if job.done.is_set():
+            self._remove_unneeded_run_dir(job)
+
+    def _remove_unneeded_run_dir(self, job: Job) -> None:
+        if isinstance(job.result, BundleStream) or job._run_dir_removed:
+            return
+        job._run_dir_removed = True
+        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
 
     def claim(self, job: Job) -> bool:
         """Take ``job`` out of the registry (its result is being delivered); False if gone.
@@ -133,6 +155,9 @@ class JobQueue:
             return
         if job._expiry is not None:
             job._expiry.cancel()
+        if job._run_dir_removed:
+            return
+        job._run_dir_removed = True
         # never block the event loop on a (possibly large) directory
         asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
 

@@ -131,6 +131,7 @@ async def _build(
             on_start=on_start,
         )
     size = (await asyncio.to_thread(bundle.stat)).st_size
+    execution.stoppable = False  # the cell is over; its bundle is delivered whatever comes
     finalized = await deliver_bundle(
         client, manifest.output, manifest.finalize_url, bundle, timeout_seconds=transfer_seconds
     )

@@ -289,6 +289,7 @@ async def answer(request: Request, state: WorkerState, job: Job) -> Response:
 
 def _accepted(state: WorkerState, job: Job) -> JSONResponse:
     """Still queued after the short wait: hand the client a job URL to poll."""
+    state.jobs.hand_off(job)
     body: dict[str, object] = {"job_url": f"/v1/jobs/{job.job_id}", "state": job.state.value}
     position = state.jobs.position(job)
     if position is not None:

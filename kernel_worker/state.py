@@ -28,6 +28,8 @@ class Execution:
 
     build_id: str | None
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    stoppable: bool = True
+    """False once a cancel would stop nothing (a pull run delivering its finished bundle)."""
 
 
 @dataclass(slots=True)
@@ -87,7 +89,7 @@ class WorkerState:
 
     def cancel(self, build_id: str) -> bool:
         """Flag every execution of ``build_id`` as cancelled; True if one was running."""
-        found = [e for e in self.executions if e.build_id == build_id]
+        found = [e for e in self.executions if e.build_id == build_id and e.stoppable]
         for execution in found:
             execution.cancel.set()
         return bool(found)

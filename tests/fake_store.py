@@ -3,7 +3,7 @@
 It serves input blobs (with a Content-Length, or chunked), takes bundle uploads in the
 three forms a manifest can ask for (raw POST, presigned multipart POST with fields, PUT
 with headers), finalizes builds by validating the uploaded bundle, records console
-chunks, and fails on demand (404 input, redirect, 500 upload, 400 finalize, slow log).
+chunks, and fails on demand (404 input, redirect, 500 upload, 400 finalize, slow log, slow upload).
 Everything it receives is recorded for the tests to assert on.
 
 Runs uvicorn on 127.0.0.1 in a background thread; the listening socket is bound before
@@ -98,6 +98,8 @@ class FakeStore:
         self.output_files: dict[str, dict[tuple[str, str], bytes]] = {}
         self.refuse_paths: set[str] = set()
         self.slow_log_seconds = slow_log_seconds
+        self.slow_upload_seconds = 3.0
+        self.uploads_started: set[str] = set()  # keys whose slow upload has arrived
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -143,6 +145,7 @@ class FakeStore:
                 Route("/upload/{key}", self._upload_raw, methods=["POST", "PUT"]),
                 Route("/form/{key}", self._upload_form, methods=["POST"]),
                 Route("/upload-fail/{key}", self._upload_fail, methods=["POST", "PUT"]),
+                Route("/upload-slow/{key}", self._upload_slow, methods=["POST", "PUT"]),
                 Route("/finalize/{key}", self._finalize, methods=["POST"]),
                 Route("/finalize-fail/{key}", self._finalize_fail, methods=["POST"]),
                 Route("/log/{key}", self._log, methods=["POST"]),
@@ -187,6 +190,18 @@ class FakeStore:
         upload = Upload(request.method, "raw", dict(request.headers), body)
         with self._lock:
             self.uploads[request.path_params["key"]] = upload
+        return Response(status_code=201)
+
+    async def _upload_slow(self, request: Request) -> Response:
+        """An upload that is received at once and acknowledged ``slow_upload_seconds`` later."""
+        body = await request.body()
+        with self._lock:
+            self.uploads_started.add(request.path_params["key"])
+        await asyncio.sleep(self.slow_upload_seconds)
+        with self._lock:
+            self.uploads[request.path_params["key"]] = Upload(
+                request.method, "raw", dict(request.headers), body
+            )
         return Response(status_code=201)
 
     async def _upload_form(self, request: Request) -> Response:

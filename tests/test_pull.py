@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -338,6 +339,27 @@ def test_redirected_input_is_refused_not_followed(
         == f"Failed to download notebook input {uri}: 302 (redirects are not followed)"
     )
     assert f"/blob/art-{key}-moved" not in store.fetched
+
+
+def test_a_cancel_once_the_bundle_is_on_its_way_cancels_nothing_and_says_so(
+    client: httpx.Client, store: FakeStore, key: str
+) -> None:
+    output = {"url": f"{store.url}/upload-slow/{key}", "max_bytes": 1 << 30, "expires_at": 2e9}
+    body = manifest(store, key, "x = 1", output=output)
+    answered: dict[str, httpx.Response] = {}
+    run = threading.Thread(
+        target=lambda: answered.update(r=client.post("/v1/execute-manifest", json=body))
+    )
+    run.start()
+    deadline = time.monotonic() + 30
+    while key not in store.uploads_started:
+        assert time.monotonic() < deadline, "the bundle never reached the store"
+        time.sleep(0.02)
+    cancel = client.post(f"/v1/executions/nbbuild-{key}/cancel")
+    assert cancel.json() == {"build_id": f"nbbuild-{key}", "cancelled": False}
+    run.join(60)
+    assert answered["r"].status_code == 200, answered["r"].text
+    assert key in store.finalized
 
 
 def test_failed_upload_is_502_and_not_finalized(

@@ -632,6 +632,36 @@ def test_max_concurrent_must_be_positive() -> None:
     assert "--max-concurrent: must be at least 1, got 0" in done.stderr.replace("argument ", "")
 
 
+def test_a_job_answered_202_frees_its_run_directory_when_it_ends_not_when_polled(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    import threading
+
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
+            base_url=w.url, timeout=60
+        ) as other:
+            thread = threading.Thread(target=execute, args=(other, "import time\ntime.sleep(2)"))
+            thread.start()
+            deadline = time.monotonic() + 10
+            while c.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            blob = [({"name": "blob", "format": "pickle/object"}, pickle.dumps(b"x" * 2_000_000))]
+            accepted = execute(c, "n = len(blob)", blob)
+            assert accepted.status_code == 202, accepted.text
+            thread.join(30)
+            # nobody polls yet: once the job has ended, its inputs are gone all the same
+            while c.get("/health").json()["active_executions"] or list(w.run_dir.glob("skw-run-*")):
+                assert time.monotonic() < deadline + 20, list(w.run_dir.glob("skw-run-*"))
+                time.sleep(0.05)
+            polled = c.get(accepted.json()["job_url"])
+            assert read_bundle(polled).variables["n"]["preview"] == 2_000_000
+    finally:
+        w.stop()
+
+
 def test_queued_job_that_times_out_reports_408_through_the_poll(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
