@@ -158,7 +158,7 @@ def parse_notebook_execute(raw: bytes) -> CellRequest:
 def _load_metadata(raw: bytes) -> dict[str, object]:
     try:
         metadata = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested too deep
         raise BadRequest(f"Invalid metadata: {exc}") from None
     if not isinstance(metadata, dict):
         raise BadRequest(f"Invalid metadata: expected a JSON object, got {_json_type(metadata)}")

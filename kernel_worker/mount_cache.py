@@ -387,7 +387,7 @@ def _json_object(environ: Mapping[str, str], variable: str) -> dict[str, object]
         return {}
     try:
         value = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise ValueError(f"{variable} is not valid JSON") from None
     if not isinstance(value, dict):
         raise ValueError(f"{variable} must be a JSON object")

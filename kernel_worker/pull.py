@@ -212,7 +212,8 @@ async def parse_manifest(body: bytes, guard: UrlGuard) -> BuildManifest:
 def _document(body: bytes) -> dict[str, object]:
     try:
         document = json.loads(body)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+    # JSONDecodeError and UnicodeDecodeError alike; RecursionError: nested too deep
+    except (ValueError, RecursionError) as exc:
         raise BadRequest(f"Invalid manifest payload: {exc}") from None
     if not isinstance(document, dict):
         raise BadRequest("Manifest payload must be an object")

@@ -160,7 +160,7 @@ class _Connection:
     async def _frame(self, text: str) -> None:
         try:
             frame = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             log.debug("relay frame that is not JSON ignored")
             return
         if not isinstance(frame, dict):

@@ -393,7 +393,7 @@ async def mount_cache_probe(request: Request) -> JSONResponse:
     """How much of each given mount listing this machine's read-only cache already holds."""
     try:
         body = await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deep
         raise Unprocessable("Mount cache probe body must be JSON") from None
     if not isinstance(body, dict):
         raise Unprocessable("Mount cache probe body must be an object")

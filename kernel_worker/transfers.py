@@ -219,7 +219,7 @@ async def _finalize(client: httpx.AsyncClient, url: str, timeout_seconds: float)
         )
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise UpstreamFailed(
             "Failed to finalize notebook bundle build: 200 (the answer is not JSON)"
         ) from None
@@ -274,7 +274,7 @@ async def _detail(response: httpx.Response) -> str:
     raw, _ = await _read_capped(response, DETAIL_BYTES)
     try:
         payload = json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):
         payload = None
     if isinstance(payload, dict):
         detail = payload.get("detail") or payload.get("error")

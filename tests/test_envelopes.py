@@ -237,6 +237,13 @@ def test_invalid_json() -> None:
     assert info.value.detail.startswith("Invalid metadata: Expecting property name")
 
 
+def test_metadata_nested_deeper_than_python_parses_is_a_bad_request() -> None:
+    for parse in (parse_execute_v1, parse_notebook_execute):
+        with pytest.raises(BadRequest) as info:
+            parse(b"[" * 100_000 + b"]" * 100_000)
+        assert info.value.detail.startswith("Invalid metadata: maximum recursion depth exceeded")
+
+
 def test_invalid_utf8() -> None:
     with pytest.raises(BadRequest) as info:
         parse_notebook_execute(b'{"a": "\xff"}')

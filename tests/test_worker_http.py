@@ -590,6 +590,29 @@ def test_busy_worker_queues_with_202_then_503_when_full(
         w.stop()
 
 
+@pytest.mark.parametrize(
+    ("route", "status", "start"),
+    [
+        ("/v1/execute", 400, "Invalid metadata: maximum recursion depth exceeded"),
+        ("/v1/execute-manifest", 400, "Invalid manifest payload: maximum recursion depth exceeded"),
+        ("/execute", 400, "Invalid manifest payload: maximum recursion depth exceeded"),
+        ("/v1/mount-cache/cached", 422, "Mount cache probe body must be JSON"),
+    ],
+)
+def test_json_nested_too_deep_is_a_clear_4xx_on_every_route(
+    client: httpx.Client, route: str, status: int, start: str
+) -> None:
+    nested = b"[" * 100_000 + b"]" * 100_000
+    if route == "/v1/execute":
+        files = {"metadata": ("metadata.json", nested, "application/json")}
+        response = client.post(route, files=files)
+    else:
+        response = client.post(route, content=nested, headers={"content-type": "application/json"})
+    assert response.status_code == status, response.text
+    assert response.json()["detail"].startswith(start)
+    assert run_ok(client, "after = 1").variables["after"]["preview"] == 1
+
+
 def test_max_concurrent_refuses_what_it_cannot_admit_with_503(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
