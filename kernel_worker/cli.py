@@ -366,6 +366,9 @@ class _DrainingServer:
                         "drain timed out after %ss; cancelling what is still running",
                         drain_seconds,
                     )
+                    # their requests answer 409 at once, so uvicorn's wait for open
+                    # connections below ends too
+                    state.cancel_all()
                 await super().shutdown(sockets)
 
         return Server(config)

@@ -49,6 +49,8 @@ _INBOX_CHUNKS = 16
 _MAX_MESSAGE_BYTES = 8 * MAX_PAYLOAD_BYTES + _ID_BYTES
 FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
+# On shutdown, after the drain: how long requests may take to send what they answered.
+ANSWER_GRACE_SECONDS = 10.0
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _BODY_END: Message = {"type": "http.request", "body": b"", "more_body": False}
@@ -252,9 +254,12 @@ class _Answer:
             self._stream.hang_up()
 
 
-async def serve_relay(url: str, app: ASGIApp, token: str | None) -> None:
+async def serve_relay(
+    url: str, app: ASGIApp, token: str | None, tasks: set[asyncio.Task[None]] | None = None
+) -> None:
     """Hold a socket to the relay at ``url`` and serve what it forwards, until cancelled.
 
+    Each forwarded request runs as a task in ``tasks`` (a set of the caller's, to wait on).
     When cancelled (shutdown), requests still running are cancelled too; their cleanup
     (cancelling a cell, removing its run directory) is the app's, and runs shielded.
 
@@ -262,7 +267,7 @@ async def serve_relay(url: str, app: ASGIApp, token: str | None) -> None:
         RelayRefused: The relay refused the handshake with a 4xx other than 408 or 429,
             or did not choose the subprotocol.
     """
-    tasks: set[asyncio.Task[None]] = set()
+    tasks = set() if tasks is None else tasks
     try:
         await _dial(url, app, token, tasks)
     finally:
@@ -322,7 +327,8 @@ async def run_connected(app: FastAPI, url: str, token: str | None, drain_seconds
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
     async with app.router.lifespan_context(app):
-        serving = asyncio.create_task(serve_relay(url, app, token))
+        requests: set[asyncio.Task[None]] = set()
+        serving = asyncio.create_task(serve_relay(url, app, token, requests))
         if not await _until_signal(signalled, serving):
             try:
                 serving.result()
@@ -331,9 +337,12 @@ async def run_connected(app: FastAPI, url: str, token: str | None, drain_seconds
                 return 1
         signalled.clear()
         drain = asyncio.ensure_future(app.state.worker.drain(drain_seconds))
-        if not await _until_signal(signalled, drain) or not drain.result():
+        if await _until_signal(signalled, drain) or not drain.result():
             log.warning("stopping before every execution in flight finished; cancelling them")
+            app.state.worker.cancel_all()
         drain.cancel()
+        if requests:  # their answers (a 409 for what was cancelled) still go out
+            await asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS)
         serving.cancel()
         await asyncio.gather(serving, drain, return_exceptions=True)
     return 0

@@ -87,6 +87,12 @@ class WorkerState:
             return False
         return True
 
+    def cancel_all(self) -> int:
+        """Cancel every admitted execution (a drain that ran out of time); how many."""
+        for execution in self.executions:
+            execution.cancel.set()
+        return len(self.executions)
+
     def cancel(self, build_id: str) -> bool:
         """Flag every execution of ``build_id`` as cancelled; True if one was running."""
         found = [e for e in self.executions if e.build_id == build_id and e.stoppable]

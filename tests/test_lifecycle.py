@@ -47,6 +47,38 @@ def test_sigterm_drains_in_flight_work_then_exits_cleanly(
         w.stop()
 
 
+def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--drain-seconds", "1")
+    try:
+        kernels = w.remember_kernels()
+        with httpx.Client(base_url=w.url, timeout=90) as slow, httpx.Client(
+            base_url=w.url, timeout=10
+        ) as probe:
+            result: dict[str, httpx.Response] = {}
+            thread = threading.Thread(
+                target=lambda: result.update(
+                    r=execute(slow, "import time\ntime.sleep(60)", timeout_seconds=100)
+                )
+            )
+            thread.start()
+            deadline = time.monotonic() + 10
+            while probe.get("/health").json()["active_executions"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+            signalled = time.monotonic()
+            w.proc.send_signal(signal.SIGTERM)
+            assert w.proc.wait(timeout=30) == 0  # not after the cell's 60 s
+            thread.join(10)
+        assert time.monotonic() - signalled < 30
+        assert result["r"].status_code == 409, result["r"].text
+        assert result["r"].json()["detail"] == "execution was cancelled"
+        wait_gone(kernels, 10, "kernels outlived their worker")
+    finally:
+        w.stop()
+
+
 def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:

@@ -236,6 +236,35 @@ def test_a_relay_that_refuses_the_worker_stops_it(
         relay.close()
 
 
+def test_sigterm_cancels_what_outlasts_the_drain_and_exits(tmp_path: Path) -> None:
+    relay = FakeRelay()
+    worker = _start(tmp_path, relay.url, "--pool-size", "1", "--drain-seconds", "1")
+    try:
+        _wait_ready(relay, worker)
+        kernels = worker.remember_kernels()
+        answered: dict[str, httpx.Response] = {}
+
+        def run() -> None:
+            with relay.client(timeout=90) as client:
+                answered["r"] = execute(client, "import time\ntime.sleep(60)", timeout_seconds=100)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        deadline = time.monotonic() + 10
+        with relay.client(timeout=10) as client:
+            while client.get("/health").json()["active_executions"] < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(30) == 0, worker.logs()
+        thread.join(10)
+        assert answered["r"].status_code == 409
+        wait_gone(kernels, 10, "a kernel outlived its worker")
+    finally:
+        worker.stop()
+        relay.close()
+
+
 def test_connect_takes_only_a_websocket_url() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "kernel_worker", "--connect", "http://relay.example/"],
