@@ -885,10 +885,11 @@ def test_a_cell_that_closes_a_standard_stream_does_not_break_the_next(
 def test_a_cell_that_breaks_the_kernels_reply_is_a_502_not_a_timeout(solo: httpx.Client) -> None:
     """The kernel goes idle without replying: a prompt 502 (not a 408 after the cell's whole
     timeout), and the next request runs on a new kernel."""
-    response = execute(solo, "get_ipython().user_expressions = None", timeout_seconds=120)
-    assert response.status_code == 502, response.text
-    assert "stopped answering" in response.json()["detail"]
-    assert run_ok(solo, "x = 1").variables["x"]["preview"] == 1
+    for _ in range(4):  # the grace's timer could fire a hair early; it was a 408 in 1 of 5
+        response = execute(solo, "get_ipython().user_expressions = None", timeout_seconds=30)
+        assert response.status_code == 502, response.text
+        assert "stopped answering" in response.json()["detail"]
+        assert run_ok(solo, "x = 1").variables["x"]["preview"] == 1
 
 
 @pytest.mark.parametrize(
