@@ -20,7 +20,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,8 @@ _subreaper_before = False  # already a subreaper (set by someone else): left as 
 _kernel_sessions: dict[int, None] = {}
 _KERNEL_SESSIONS_KEPT = 65536
 _strays: dict[int, int] = {}  # adopted processes still running: pid -> pidfd
+# Processes of a kernel's tree killed with it (the ones that escaped its session too).
+_killed_with_kernels: dict[int, None] = {}
 
 
 @contextlib.contextmanager
@@ -132,9 +134,20 @@ def _adopting_orphans() -> Iterator[None]:
 
 
 def _remember_session(kernel_pid: int) -> None:
-    _kernel_sessions[kernel_pid] = None
-    if len(_kernel_sessions) > _KERNEL_SESSIONS_KEPT:
-        del _kernel_sessions[next(iter(_kernel_sessions))]
+    _remember(_kernel_sessions, kernel_pid)
+
+
+def killed_with_kernel(pids: Iterable[int]) -> None:
+    """Note processes of a kernel's tree that are killed with it: should this process
+    adopt them, they are reaped (see :func:`_reap_strays`)."""
+    for pid in pids:
+        _remember(_killed_with_kernels, pid)
+
+
+def _remember(kept: dict[int, None], pid: int) -> None:
+    kept[pid] = None
+    if len(kept) > _KERNEL_SESSIONS_KEPT:
+        del kept[next(iter(kept))]
 
 
 def _reap_strays() -> None:
@@ -143,12 +156,15 @@ def _reap_strays() -> None:
     A kernel that dies while this process is a subreaper (a replacement being forked, as
     after a retirement) leaves its children to this process: a cell's subprocess, killed
     with the kernel's process group or still running. Nothing else waits for them, so each
-    would stay a zombie for the worker's life. They are found by their session, a kernel's
-    (a process that started its own session has escaped that far, and is not recognised).
+    would stay a zombie for the worker's life. They are found by their session, a kernel's,
+    or, for one that started a session of its own, by having been killed with its kernel.
     """
     me = os.getpid()
     for pid, parent, session in _processes():
-        if parent != me or pid == session or session not in _kernel_sessions or pid in _strays:
+        if parent != me or pid in _strays:
+            continue
+        in_kernel_session = session in _kernel_sessions and pid != session
+        if not in_kernel_session and pid not in _killed_with_kernels:
             continue
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)

@@ -38,7 +38,7 @@ from .errors import (
     KernelStartError,
     PreloadError,
 )
-from .forkserver import ForkServer
+from .forkserver import ForkServer, killed_with_kernel
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
 from .processes import (
@@ -543,6 +543,8 @@ class Kernel:
         except psutil.Error:
             descendants = []
         signal_group(pid, sig)  # the kernel leads its own session/process group
+        if sig == signal.SIGKILL:
+            killed_with_kernel(proc.pid for proc in descendants)
         for proc in descendants:
             with contextlib.suppress(psutil.Error):
                 proc.send_signal(sig)

@@ -355,14 +355,18 @@ async def test_fork_setup_code_that_fails_stops_the_start_with_its_message() -> 
     await pool.aclose()
 
 
-async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped() -> None:
+@pytest.mark.parametrize("own_session", [False, True], ids=["in-its-session", "own-session"])
+async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped(
+    own_session: bool,
+) -> None:
     """A cell's subprocess is killed with its retired kernel while the replacement is being
     forked; orphaned then, it is this process's child, and must not stay a zombie."""
     before = set(zombies(os.getpid()))
+    cell = f"import subprocess\nsubprocess.Popen(['sleep', '900'], start_new_session={own_session})"
     async with Pool(PoolConfig(size=1)) as pool:
         for _ in range(3):
             async with pool.lease() as lease:
-                await run(lease, "import subprocess\nsubprocess.Popen(['sleep', '900'])", last=True)
+                await run(lease, cell, last=True)
             await settle(pool, idle=1)
         assert sum(pool.stats().retirements.values()) >= 3  # each cell retired its kernel
         deadline = time.monotonic() + 10
