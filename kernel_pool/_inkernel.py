@@ -24,6 +24,7 @@ import gc
 import itertools
 import linecache
 import os
+import stat
 import sys
 import threading
 import time
@@ -299,12 +300,33 @@ def _restore_interpreter(problems):
         for name, module in _baseline["modules"].items():
             if modules.get(name, _MISSING) is not module:
                 modules[name] = module
+    _restore_std_fds(problems)
+
+
+def _restore_std_fds(problems):
+    """Put fds 0-2 back; never over a number the kernel's own machinery has taken since."""
     for fd, (copy, identity) in _baseline["fds"].items():
-        if _fd_identity(fd) != identity:
-            try:
-                os.dup2(copy, fd)
-            except OSError as exc:
-                problems.append(f"cannot restore file descriptor {fd}: {exc.strerror}")
+        current = _fd_identity(fd)
+        if current == identity:
+            continue
+        if current is not None and _machinery_fd(fd):
+            # the cell closed it and a socket or an eventfd got the number: a dup2 would
+            # close that under its owner (zmq aborts the kernel on it)
+            problems.append(f"file descriptor {fd} was closed and taken over by the kernel")
+            continue
+        try:
+            os.dup2(copy, fd)
+        except OSError as exc:
+            problems.append(f"cannot restore file descriptor {fd}: {exc.strerror}")
+
+
+def _machinery_fd(fd):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return True
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("anon_inode:")
+    except OSError:
+        return False
 
 
 def _restore_after_execute():
@@ -315,6 +337,11 @@ def _restore_after_execute():
     """
     drain_fd_output()  # noqa: F821 (from _inkernel_messaging.py)
     if _baseline:
+        # a std fd the cell closed is put back now, before anything can take its number
+        for fd, (copy, _) in _baseline["fds"].items():
+            if _fd_identity(fd) is None:
+                with contextlib.suppress(OSError):
+                    os.dup2(copy, fd)
         _restore_core_modules()
         # the kernel flushes and writes its reply through these: a stand-in the cell left
         # (without write or flush, say) would keep the reply from going out

@@ -152,6 +152,18 @@ def test_cell_that_closes_its_output_descriptors(c: httpx.Client) -> None:
         assert "child-output" in after.stdout()
 
 
+def test_closed_output_descriptors_are_never_restored_over_what_took_their_numbers(
+    solo_worker: WorkerProcess,
+) -> None:
+    """A kernel whose zmq lost a descriptor that way aborted on the next cell's output."""
+    with httpx.Client(base_url=solo_worker.url, timeout=60) as solo:
+        for _ in range(3):
+            run_ok(solo, "import os\nos.close(1)\nos.close(2)\nprint(1)")
+            again = run_ok(solo, "import os\nfd = os.open('/dev/null', os.O_WRONLY)\n"
+                                 "os.dup2(fd, 1)\nos.dup2(fd, 2)\nprint('gone')")  # fmt: skip
+            assert again.stdout() == "gone\n"
+
+
 @pytest.mark.parametrize(
     ("source", "error_type"),
     [("def f():\n    return f()\nf()", "RecursionError"),
