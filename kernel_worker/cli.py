@@ -193,6 +193,13 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "Retry-After (default: --pool-size running plus --queue-depth waiting)",
     ),
     (
+        "--body-timeout",
+        f"{ENV_PREFIX}BODY_TIMEOUT",
+        _positive_seconds,
+        "seconds an upload may send nothing before it is answered 408 and what it sent is "
+        "removed (default 60)",
+    ),
+    (
         "--job-ttl",
         f"{ENV_PREFIX}JOB_TTL",
         _seconds,
@@ -321,6 +328,7 @@ def _settings(
         "max_input_bytes": max_input_bytes_from_env(environ),
         "queue_wait_seconds": values.pop("queue_wait", 2.0),
         "job_ttl_seconds": values.pop("job_ttl", 600.0),
+        "body_timeout_seconds": values.pop("body_timeout", 60.0),
         "run_root": values.pop("run_dir", None) or default_run_root(),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
         "output_dir_poll_seconds": _poll_seconds(environ),

@@ -10,6 +10,7 @@
     ├── PayloadTooLarge                 413
     ├── Cancelled                       409
     ├── CellTimedOut                    408 (504 when the caller asks for it)
+    ├── BodyStalled                     408 (an upload that stopped sending)
     ├── KernelCrashed                   502
     ├── UpstreamFailed                  502
     ├── WorkerBusy (.retry_after_seconds) 503 + Retry-After
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse
 
 __all__ = [
     "BadRequest",
+    "BodyStalled",
     "Cancelled",
     "CellTimedOut",
     "InsufficientStorage",
@@ -94,6 +96,10 @@ class CellTimedOut(WorkerError):
     """The cell ran past its ``timeout_seconds``."""
 
 
+class BodyStalled(WorkerError):
+    """A request body sent nothing for longer than the worker waits (``--body-timeout``)."""
+
+
 class KernelCrashed(WorkerError):
     """The kernel died or stopped answering before the cell produced a result."""
 
@@ -147,6 +153,7 @@ _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
         PayloadTooLarge: 413,
         Cancelled: 409,
         CellTimedOut: 408,
+        BodyStalled: 408,
         KernelCrashed: 502,
         UpstreamFailed: 502,
         WorkerBusy: 503,

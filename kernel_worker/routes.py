@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -19,6 +20,7 @@ from .auth import check_bearer
 from .envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from .errors import (
     BadRequest,
+    BodyStalled,
     NotFound,
     Unprocessable,
     error_response,
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
     from .state import WorkerState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 EXECUTOR_PROTOCOL = "v1"
 NOTEBOOK_PROTOCOL = "notebook-cell-v1"
@@ -268,7 +271,7 @@ async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> R
     root = run_dir.root
     try:
         with storage_checked("this request's inputs"):
-            cell = await _receive(request, parse, run_dir, state)
+            cell = await _unless_stalled(_receive(request, parse, run_dir, state), run_dir, state)
         job = submit(state, cell, run_dir)
     except BaseException:
         await asyncio.to_thread(shutil.rmtree, root, True)
@@ -382,10 +385,50 @@ async def _receive(
 async def _counted(
     chunks: AsyncIterator[bytes], state: WorkerState, run_dir: RunDir
 ) -> AsyncIterator[bytes]:
+    clock = asyncio.get_running_loop().time
     async for chunk in chunks:
         state.metrics.bytes_in.inc(len(chunk))
         run_dir.received_bytes += len(chunk)
+        run_dir.last_received = clock()
         yield chunk
+    run_dir.last_received = math.inf  # the whole body is in: nothing left to stall
+
+
+async def _unless_stalled(receiving: Awaitable[T], run_dir: RunDir, state: WorkerState) -> T:
+    """``receiving``, or :class:`BodyStalled` once the body sends nothing for too long.
+
+    A timer looks at the last chunk's time now and then (a chunk only stamps it: a wait
+    per chunk would cost the upload path) and cancels this task when it is stale; the
+    cancellation is taken back and answered 408 unless the task was cancelled otherwise.
+    """
+    loop = asyncio.get_running_loop()
+    limit = state.settings.body_timeout_seconds
+    task = asyncio.current_task()
+    assert task is not None
+    stalled = False
+    run_dir.last_received = loop.time()
+    handle: asyncio.TimerHandle | None = None
+
+    def look() -> None:
+        nonlocal handle, stalled
+        idle = loop.time() - run_dir.last_received
+        if idle >= limit:
+            stalled = True
+            task.cancel()
+        elif idle > -math.inf:  # else the body is in
+            handle = loop.call_later(limit - idle, look)
+
+    handle = loop.call_later(limit, look)
+    try:
+        return await receiving
+    except asyncio.CancelledError:
+        if stalled and task.uncancel() == 0:
+            raise BodyStalled(
+                f"The request body sent nothing for {limit:g}s; what it had sent was discarded"
+            ) from None
+        raise
+    finally:
+        handle.cancel()
 
 
 @protected.post("/v1/mount-cache/cached")

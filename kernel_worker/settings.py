@@ -108,6 +108,8 @@ class Settings:
     kernel_env_allowlist: tuple[str, ...] = ()
     """``STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST``: when set, kernels see only these variables
     (and a floor any process needs); see kernel_env."""
+    body_timeout_seconds: float = 60.0
+    """An upload that sends nothing for this long is answered 408 and its inputs removed."""
     connect: str | None = None
     """A relay's ws:// or wss:// URL to dial and serve through, instead of binding a port."""
     # pull model (spec §10): where signed URLs may point
@@ -133,6 +135,8 @@ class Settings:
             raise ValueError("file reuse bytes must not be negative")
         if self.heartbeat_seconds is not None and not self.heartbeat_seconds > 0:
             raise ValueError("heartbeat interval must be positive")
+        if not self.body_timeout_seconds > 0:
+            raise ValueError("body timeout must be positive")
         if self.connect is not None and not self.connect.startswith(("ws://", "wss://")):
             raise ValueError("--connect takes a ws:// or wss:// URL")
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -12,7 +14,7 @@ import httpx
 import pytest
 
 from .conftest import start_worker, wait_gone
-from .wire import execute, read_bundle
+from .wire import execute, read_bundle, v1_metadata
 
 
 def test_sigterm_drains_in_flight_work_then_exits_cleanly(
@@ -115,3 +117,66 @@ def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
 def _ignore_errors(call: Callable[[], object]) -> None:
     with contextlib.suppress(httpx.HTTPError):  # the worker is killed under this request
         call()
+
+
+def _upload_start(port: int, body: bytes, total: int) -> socket.socket:
+    """Open a POST /v1/execute that declares ``total`` body bytes and send ``body`` of them."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    head = (
+        f"POST /v1/execute HTTP/1.1\r\nHost: x\r\nContent-Length: {total}\r\n"
+        "Content-Type: multipart/form-data; boundary=b0undary\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _answer(sock: socket.socket) -> tuple[int, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data
+
+
+def test_an_upload_that_stops_sending_is_answered_408_and_discarded(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--body-timeout", "1")
+    try:
+        blob = {"name": "blob", "format": "json/object", "file": "blob"}
+        meta = json.dumps(v1_metadata("n = len(blob)", [blob])).encode()
+        part = (
+            b"--b0undary\r\nContent-Disposition: form-data; name=\"metadata\"; "
+            b"filename=\"metadata.json\"\r\n\r\n" + meta + b"\r\n"
+            b"--b0undary\r\nContent-Disposition: form-data; name=\"blob\"; filename=\"blob\"\r\n\r\n"
+        )
+        started = time.monotonic()
+        with _upload_start(w.port, part + b"x" * 1000, len(part) + 1_000_000) as stalled:
+            while not list(w.run_dir.glob("skw-run-*")):  # it is being staged
+                assert time.monotonic() - started < 10
+                time.sleep(0.02)
+            status, raw = _answer(stalled)
+        assert status == 408, raw
+        assert b"sent nothing for 1s" in raw
+        assert time.monotonic() - started < 10
+        deadline = time.monotonic() + 10
+        while list(w.run_dir.glob("skw-run-*")):
+            assert time.monotonic() < deadline, "the stalled upload's run directory stayed"
+            time.sleep(0.05)
+        # an upload that keeps sending, however slowly, is not cut off
+        body = part + b'"' + b"x" * 28 + b'"' + b"\r\n--b0undary--\r\n"
+        total = len(body)
+        slow_started = time.monotonic()
+        with _upload_start(w.port, body[:10], total) as slow:
+            step = total // 8 + 1
+            for start in range(10, total, step):
+                time.sleep(0.4)
+                slow.sendall(body[start : start + step])
+            status, raw = _answer(slow)
+        assert status == 200, raw[:500]
+        assert time.monotonic() - slow_started > 2  # it took longer than the limit, in all
+    finally:
+        w.stop()
