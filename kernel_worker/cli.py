@@ -456,7 +456,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_config=None,  # keep our handler (request ids, JSON lines)
         access_log=False,  # our middleware logs each request with its id
     )
-    _DrainingServer(config, app.state.worker, settings.drain_seconds).run()
+    # bound before the pool starts: a port in use fails at once, not after every kernel
+    # (and a preload that may take minutes) has started
+    sock = config.bind_socket()
+    _DrainingServer(config, app.state.worker, settings.drain_seconds).run(sockets=[sock])
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import platform
 import subprocess
 import sys
+import time
 
+import psutil
 import pytest
 
 from kernel_pool import RecyclePolicy
@@ -116,3 +119,25 @@ def test_readme_documents_every_flag_and_its_environment_variable() -> None:
     for flag, env, _, _ in _OPTIONS:
         assert f"`{flag}`" in readme, flag
         assert f"`{env}`" in readme, env
+
+
+def test_a_port_in_use_stops_the_worker_before_any_kernel_starts() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kernel_worker", "--port", str(port), "--pool-size", "1"],
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        seen: set[int] = set()
+        while proc.poll() is None:
+            with contextlib.suppress(psutil.Error):
+                seen |= {c.pid for c in psutil.Process(proc.pid).children(recursive=True)}
+            time.sleep(0.01)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode != 0
+    assert "address already in use" in stderr.lower()
+    assert not seen, "kernels were started for a worker that could not listen"
