@@ -34,6 +34,7 @@ JobResult = bytes | BundleStream | dict[str, object]
 
 class JobState(enum.Enum):
     QUEUED = "queued"
+    PROVISIONING = "provisioning"  # a pull run fetching its inputs, before it waits for a kernel
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
@@ -61,6 +62,11 @@ class Job:
     def mark_running(self) -> None:
         self.state = JobState.RUNNING
         self.started.set()
+
+    def mark_provisioning(self, provisioning: bool) -> None:
+        """A pull run fetching its inputs (True), or done with that and queued (False)."""
+        if self.state in (JobState.QUEUED, JobState.PROVISIONING):
+            self.state = JobState.PROVISIONING if provisioning else JobState.QUEUED
 
 
 Runner = Callable[[Job], Awaitable[JobResult]]

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -82,7 +82,7 @@ async def submit_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> Job
 
     async def work(execution: Execution, job: Job) -> JobResult:
         with pinned(manifest.pins):
-            return await _build(state, client, manifest, run_dir, execution, job.mark_running)
+            return await _build(state, client, manifest, run_dir, execution, job)
 
     try:
         return submit_work(state, manifest.cell.build_id, run_dir, work)
@@ -97,9 +97,12 @@ async def _build(
     manifest: BuildManifest,
     run_dir: RunDir,
     execution: Execution,
-    on_start: Callable[[], None],
+    job: Job,
 ) -> dict[str, object]:
     transfer_seconds = max(manifest.cell.timeout_seconds, MIN_TRANSFER_SECONDS)
+    # fetching inputs is not waiting for a kernel: a poller sees "provisioning", and the
+    # run takes no place in the queue until it does wait
+    job.mark_provisioning(bool(manifest.downloads))
     for item in manifest.downloads:
         if execution.cancel.is_set():
             raise Cancelled(CANCELLED_DETAIL)
@@ -109,6 +112,7 @@ async def _build(
                 cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
                 reuse=state.reusable_files,
             )  # fmt: skip
+    job.mark_provisioning(False)
     streamer = _streamer(client, manifest, run_dir, transfer_seconds)
 
     async def after_cell(outcome: CellOutcome) -> CellOutcome:
@@ -128,7 +132,7 @@ async def _build(
             execution,
             console=console,
             after_cell=after_cell,
-            on_start=on_start,
+            on_start=job.mark_running,
         )
     size = (await asyncio.to_thread(bundle.stat)).st_size
     execution.stoppable = False  # the cell is over; its bundle is delivered whatever comes

@@ -99,6 +99,7 @@ class FakeStore:
         self.refuse_paths: set[str] = set()
         self.slow_log_seconds = slow_log_seconds
         self.slow_upload_seconds = 3.0
+        self.slow_blob_seconds = 3.0
         self.uploads_started: set[str] = set()  # keys whose slow upload has arrived
         self._lock = threading.Lock()
         self._server: uvicorn.Server | None = None
@@ -140,6 +141,7 @@ class FakeStore:
             routes=[
                 Route("/blob/{name}", self._blob, methods=["GET"]),
                 Route("/chunked/{name}", self._chunked, methods=["GET"]),
+                Route("/slow/{name}", self._slow_blob, methods=["GET"]),
                 Route("/missing/{name}", self._missing, methods=["GET"]),
                 Route("/redirect/{name}", self._redirect, methods=["GET", "POST", "PUT"]),
                 Route("/upload/{key}", self._upload_raw, methods=["POST", "PUT"]),
@@ -165,6 +167,19 @@ class FakeStore:
         if name not in self.blobs:
             return JSONResponse({"detail": "no such blob"}, status_code=404)
         return Response(self.blobs[name], media_type="application/octet-stream")
+
+    async def _slow_blob(self, request: Request) -> Response:
+        """A blob sent in ten pieces over ``slow_blob_seconds``."""
+        self._record_fetch(request)
+        data = self.blobs[request.path_params["name"]]
+        step = len(data) // 10 + 1
+
+        async def chunks() -> AsyncIterator[bytes]:
+            for start in range(0, len(data), step):
+                await asyncio.sleep(self.slow_blob_seconds / 10)
+                yield data[start : start + step]
+
+        return StreamingResponse(chunks(), media_type="application/octet-stream")
 
     async def _chunked(self, request: Request) -> Response:
         self._record_fetch(request)

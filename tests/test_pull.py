@@ -362,6 +362,32 @@ def test_a_cancel_once_the_bundle_is_on_its_way_cancels_nothing_and_says_so(
     assert key in store.finalized
 
 
+def test_a_run_fetching_its_inputs_is_provisioning_not_queued(
+    tmp_path_factory: pytest.TempPathFactory, store: FakeStore, key: str
+) -> None:
+    env = {"STRATA_WORKER_ALLOW_LOCAL_HOSTS": "1"}
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.3", env=env)
+    try:
+        inputs = {"v": ({"content_type": "json/object"}, b"[" + b"1, " * 1000 + b"1]")}
+        body = manifest(store, key, "n = len(v)", inputs, route="slow")
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            accepted = c.post("/v1/execute-manifest", json=body)
+            assert accepted.status_code == 202, accepted.text
+            # a kernel is free: the run is fetching its input, not waiting in line
+            assert accepted.json()["state"] == "provisioning"
+            assert "position" not in accepted.json()
+            assert c.get("/health").json()["queue_depth"] == 0
+            deadline = time.monotonic() + 30
+            while (poll := c.get(accepted.json()["job_url"]).json())["state"] != "finished":
+                assert poll["state"] in {"provisioning", "queued", "running"}, poll
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        assert poll["status_code"] == 200 and poll["result"]["success"] is True
+        assert store.bundle(key).manifest["variables"]["n"]["preview"] == 1001
+    finally:
+        w.stop()
+
+
 def test_failed_upload_is_502_and_not_finalized(
     client: httpx.Client, store: FakeStore, key: str
 ) -> None:
