@@ -190,14 +190,20 @@ def _reap_stray(pid: int) -> None:
 
 
 def _processes() -> Iterator[tuple[int, int, int]]:
-    """(pid, parent pid, session id) of every process, zombies included, from /proc."""
+    """(pid, parent pid, session id) of this process's children (zombies included), read
+    from /proc: the threads' ``children`` lists, else every process (a few ms)."""
     try:
-        names = os.listdir("/proc")
-    except OSError:
-        return
+        pids: set[int] = set()
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children", "rb") as fh:
+                pids.update(int(pid) for pid in fh.read().split())
+        names: list[str] = [str(pid) for pid in pids]
+    except (OSError, ValueError):
+        try:
+            names = [name for name in os.listdir("/proc") if name.isdigit()]
+        except OSError:
+            return
     for name in names:
-        if not name.isdigit():
-            continue
         try:
             with open(f"/proc/{name}/stat", "rb") as fh:
                 stat = fh.read()
