@@ -49,16 +49,10 @@ class _Message:
 
 def message(error: BaseException) -> str:
     """The error text a cell's failure reports: ``str(error)``, and for a ``NameError`` on
-    ``strata`` a second line saying why that name is missing here.
-
-    An exit or interrupt (``SystemExit``, ``KeyboardInterrupt``: not an ``Exception``) is
-    named, as its text alone is empty or a bare exit code.
-    """
+    ``strata`` a second line saying why that name is missing here."""
     text = str(error)
     if isinstance(error, NameError) and getattr(error, "name", None) == "strata":
         return f"{text}\n{_NO_CLIENT}"
-    if not isinstance(error, Exception):
-        return f"{type(error).__name__}: {text}" if text else type(error).__name__
     return text
 
 
