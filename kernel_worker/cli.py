@@ -334,6 +334,7 @@ def _settings(
         "output_dir_poll_seconds": _poll_seconds(environ),
         "allow_local_hosts": allow_local_hosts_from_env(environ),
         "allowed_hosts": allowed_hosts_from_env(environ),
+        "connect_token": environ.get("STRATA_WORKER_CONNECT_TOKEN", "").strip() or None,
         **values,
     }
     try:
@@ -418,8 +419,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     from .app import create_app
 
     settings = settings_from(argv, os.environ)
-    # read before the app scrubs the worker's secrets from the environment
-    relay_token = os.environ.get("STRATA_WORKER_CONNECT_TOKEN", "").strip() or None
     keep_transfer_buffers()
     logs.configure(settings.log_level, settings.log_format)
     log = logging.getLogger("kernel_worker")
@@ -446,7 +445,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         from .relay import run_connected
 
         raise SystemExit(
-            asyncio.run(run_connected(app, settings.connect, relay_token, settings.drain_seconds))
+            asyncio.run(
+                run_connected(
+                    app, settings.connect, settings.connect_token, settings.drain_seconds
+                )
+            )
         )
     config = uvicorn.Config(
         app,

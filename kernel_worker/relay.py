@@ -24,15 +24,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import signal
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Scope
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
+from websockets.exceptions import (
+    ConnectionClosed,
+    InvalidHeader,
+    InvalidStatus,
+    WebSocketException,
+)
 from websockets.typing import Subprotocol
 
 log = logging.getLogger(__name__)
@@ -51,6 +58,8 @@ FIRST_BACKOFF_SECONDS = 1.0
 MAX_BACKOFF_SECONDS = 60.0
 # On shutdown, after the drain: how long requests may take to send what they answered.
 ANSWER_GRACE_SECONDS = 10.0
+# A socket that lasted this long was a working connection: the next redial starts over.
+STABLE_SECONDS = 30.0
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
 _BODY_END: Message = {"type": "http.request", "body": b"", "more_body": False}
@@ -181,6 +190,7 @@ class _Connection:
             await stream.inbox.put(None)
         elif kind == "abort":
             stream.hang_up()
+            self._streams.pop(stream_id, None)  # the relay may use the id again
 
     def _start(self, stream_id: int, frame: dict[str, Any]) -> None:
         if not 0 < stream_id < _MAX_STREAM_ID or stream_id in self._streams:
@@ -193,7 +203,7 @@ class _Connection:
         task.add_done_callback(self._tasks.discard)
 
     async def _run(self, stream_id: int, stream: _Stream, scope: Scope) -> None:
-        answer = _Answer(stream_id, stream, self._ws)
+        answer = _Answer(stream_id, stream, self._ws, lambda: self._release(stream_id, stream))
         try:
             await self._app(scope, stream.receive, answer.send)
         except Exception:  # the app answers its own errors; this is a bug or a lost socket
@@ -202,17 +212,26 @@ class _Connection:
         finally:
             stream.finished = True
             stream.discard_body()
-            self._streams.pop(stream_id, None)
+            self._release(stream_id, stream)
         await answer.close()
+
+    def _release(self, stream_id: int, stream: _Stream) -> None:
+        """Forget the id once its answer is complete (what the app does after, such as
+        removing the run directory, no longer holds it): the relay may use it again."""
+        if self._streams.get(stream_id) is stream:
+            del self._streams[stream_id]
 
 
 class _Answer:
     """The ASGI ``send`` of one stream: a response frame, body chunks, then ``end``."""
 
-    def __init__(self, stream_id: int, stream: _Stream, ws: ClientConnection) -> None:
+    def __init__(
+        self, stream_id: int, stream: _Stream, ws: ClientConnection, on_end: Callable[[], None]
+    ) -> None:
         self._id = stream_id
         self._stream = stream
         self._ws = ws
+        self._on_end = on_end
         self._started = False
         self._ended = False
 
@@ -221,7 +240,8 @@ class _Answer:
             return  # as under a server whose client hung up: the output goes nowhere
         if message["type"] == "http.response.start":
             self._started = True
-            headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in message["headers"]]
+            pairs = message.get("headers") or ()
+            headers = [[k.decode("latin-1"), v.decode("latin-1")] for k, v in pairs]
             frame = {"type": "response", "id": self._id, "status": message["status"]}
             await self._deliver(json.dumps({**frame, "headers": headers}))
         elif message["type"] == "http.response.body":
@@ -231,6 +251,7 @@ class _Answer:
             if not message.get("more_body", False):
                 self._ended = True
                 await self._deliver(json.dumps({"type": "end", "id": self._id}))
+                self._on_end()
 
     async def close(self) -> None:
         """After the app returned: an answer it never finished is cut off, or made a 500."""
@@ -280,7 +301,9 @@ async def serve_relay(
 async def _dial(url: str, app: ASGIApp, token: str | None, tasks: set[asyncio.Task[None]]) -> None:
     headers = {"Authorization": f"Bearer {token}"} if token else None
     backoff = FIRST_BACKOFF_SECONDS
+    loop = asyncio.get_running_loop()
     while True:
+        connected_at = math.inf
         try:
             async with connect(
                 url,
@@ -293,7 +316,7 @@ async def _dial(url: str, app: ASGIApp, token: str | None, tasks: set[asyncio.Ta
             ) as ws:
                 if ws.subprotocol != SUBPROTOCOL:
                     raise RelayRefused(f"the relay at {url} does not speak {SUBPROTOCOL}")
-                backoff = FIRST_BACKOFF_SECONDS
+                connected_at = loop.time()
                 log.info("connected to the relay at %s", url)
                 try:
                     await _Connection(ws, app, tasks).serve()
@@ -306,8 +329,12 @@ async def _dial(url: str, app: ASGIApp, token: str | None, tasks: set[asyncio.Ta
             if 400 <= status < 500 and status not in (408, 429):
                 raise RelayRefused(f"the relay at {url} refused the worker: {status}") from None
             log.warning("the relay at %s answered HTTP %d", url, status)
+        except InvalidHeader:  # its text would show the header's value: the token
+            log.warning("lost the relay at %s: a handshake header it could not send", url)
         except (OSError, TimeoutError, WebSocketException) as exc:
             log.warning("lost the relay at %s: %s", url, exc)
+        if loop.time() - connected_at >= STABLE_SECONDS:
+            backoff = FIRST_BACKOFF_SECONDS  # a relay that drops each socket at once is not
         wait = backoff / 2 + random.uniform(0, backoff / 2)
         log.info("dialling the relay again in %.1f s", wait)
         await asyncio.sleep(wait)
@@ -342,7 +369,11 @@ async def run_connected(app: FastAPI, url: str, token: str | None, drain_seconds
             app.state.worker.cancel_all()
         drain.cancel()
         if requests:  # their answers (a 409 for what was cancelled) still go out
-            await asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS)
+            answering = asyncio.ensure_future(
+                asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS)
+            )
+            await _until_signal(signalled, answering)
+            answering.cancel()
         serving.cancel()
         await asyncio.gather(serving, drain, return_exceptions=True)
     return 0

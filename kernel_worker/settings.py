@@ -9,6 +9,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kernel_pool import RecyclePolicy
 
@@ -112,6 +113,8 @@ class Settings:
     """An upload that sends nothing for this long is answered 408 and its inputs removed."""
     connect: str | None = None
     """A relay's ws:// or wss:// URL to dial and serve through, instead of binding a port."""
+    connect_token: str | None = field(default=None, repr=False)
+    """``STRATA_WORKER_CONNECT_TOKEN``: the relay's bearer token."""
     # pull model (spec §10): where signed URLs may point
     allow_local_hosts: bool = False
     allowed_hosts: tuple[str, ...] = ()
@@ -137,8 +140,33 @@ class Settings:
             raise ValueError("heartbeat interval must be positive")
         if not self.body_timeout_seconds > 0:
             raise ValueError("body timeout must be positive")
-        if self.connect is not None and not self.connect.startswith(("ws://", "wss://")):
-            raise ValueError("--connect takes a ws:// or wss:// URL")
+        if self.connect is not None:
+            _check_relay_url(self.connect)
+        if self.connect and self.connect_token and not _header_safe(self.connect_token):
+            # never echoed: it is a secret
+            raise ValueError(
+                "STRATA_WORKER_CONNECT_TOKEN holds characters an HTTP header cannot carry"
+            )
+
+
+def _check_relay_url(url: str) -> None:
+    if not url.startswith(("ws://", "wss://")):
+        raise ValueError("--connect takes a ws:// or wss:// URL")
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 (raises for a port out of range)
+    except ValueError as exc:
+        raise ValueError(f"--connect: not a usable URL: {exc}") from None
+    if not parts.hostname:
+        raise ValueError("--connect: the URL names no host")
+
+
+def _header_safe(value: str) -> bool:
+    try:
+        value.encode("latin-1")
+    except UnicodeEncodeError:
+        return False
+    return value.isprintable()
 
 
 def default_run_root() -> Path | None:

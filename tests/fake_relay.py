@@ -53,11 +53,13 @@ class FakeRelay:
         subprotocol: bool = True,
         chunk_bytes: int = 256 * 1024,
         port: int | None = None,
+        close_at_once: bool = False,
     ) -> None:
         self._token = token
         self._refuse_status = refuse_status
         self._subprotocol = subprotocol
         self._chunk_bytes = chunk_bytes
+        self._close_at_once = close_at_once  # accept each handshake, then close the socket
         self._sock = socket.socket()
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind(("127.0.0.1", port or 0))
@@ -131,6 +133,9 @@ class FakeRelay:
         with self._connected:
             self.connections += 1
             self._connected.notify_all()
+        if self._close_at_once:
+            await ws.close(1008, "go away")
+            return
         try:
             await self._read(ws)
         except ConnectionClosed:

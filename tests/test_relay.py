@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import httpx
 import psutil
 import pytest
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
@@ -265,16 +267,32 @@ def test_sigterm_cancels_what_outlasts_the_drain_and_exits(tmp_path: Path) -> No
         relay.close()
 
 
-def test_connect_takes_only_a_websocket_url() -> None:
+@pytest.mark.parametrize(
+    ("url", "token", "why"),
+    [
+        ("http://relay.example/", None, "--connect takes a ws:// or wss:// URL"),
+        ("ws://127.0.0.1:99999/c", None, "--connect: not a usable URL"),
+        ("ws:///c", None, "--connect: the URL names no host"),
+        ("ws://relay.example/c", "t\u00f6k\u20acn", "STRATA_WORKER_CONNECT_TOKEN holds characters"),
+        ("ws://relay.example/c", "abc\r\nX-Evil: 1", "STRATA_WORKER_CONNECT_TOKEN holds characters"),
+    ],
+)
+def test_connect_is_checked_before_anything_starts(url: str, token: str | None, why: str) -> None:
+    env = {**os.environ}
+    if token is not None:
+        env["STRATA_WORKER_CONNECT_TOKEN"] = token
     done = subprocess.run(
-        [sys.executable, "-m", "kernel_worker", "--connect", "http://relay.example/"],
+        [sys.executable, "-m", "kernel_worker", "--connect", url],
         cwd=ROOT,
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert done.returncode == 2
-    assert "--connect takes a ws:// or wss:// URL" in done.stderr
+    assert why in done.stderr
+    if token is not None:
+        assert token.strip() not in done.stderr  # a secret is never echoed
 
 
 # --- the transport alone, with a small app in this process ------------------------------
@@ -305,6 +323,11 @@ async def _cut(request: Request) -> StreamingResponse:
     return StreamingResponse(parts())
 
 
+async def _tidy(request: Request) -> Response:
+    # like the worker's answers: the run directory is removed after the response is sent
+    return Response(b"done", background=BackgroundTask(asyncio.sleep, 0.5))
+
+
 _BIG = os.urandom(3 * MAX_PAYLOAD_BYTES + 5)
 _APP = Starlette(
     routes=[
@@ -313,6 +336,7 @@ _APP = Starlette(
         Route("/ignore", _ignore, methods=["POST"]),
         Route("/boom", _boom),
         Route("/cut", _cut),
+        Route("/tidy", _tidy),
     ]
 )
 
@@ -363,3 +387,26 @@ async def test_an_app_failure_is_a_500_or_a_cut_off_body(in_process: FakeRelay) 
     with pytest.raises(httpx.RemoteProtocolError, match="aborted"):
         await asyncio.to_thread(_get, in_process, "GET", "/cut")
     assert (await asyncio.to_thread(_get, in_process, "GET", "/big")).content == _BIG
+
+
+async def test_a_stream_id_is_free_again_once_its_answer_has_ended(in_process: FakeRelay) -> None:
+    in_process._ids = itertools.repeat(7)  # a relay that numbers every request 7
+    for _ in range(3):
+        answer = await asyncio.to_thread(_get, in_process, "GET", "/tidy")
+        assert answer.content == b"done"
+
+
+async def test_a_relay_that_drops_every_socket_at_once_is_dialled_ever_more_slowly() -> None:
+    relay = FakeRelay(close_at_once=True)
+    serving = asyncio.create_task(serve_relay(relay.url, _APP, None))
+    try:
+        await asyncio.to_thread(relay.wait_connected)
+        await asyncio.sleep(6)
+        # backing off from 1 s: redials after at least 0.5, 1.5 and 3.5 s (at most 3 in 6 s);
+        # starting over at each handshake would make five or more
+        assert relay.connections - 1 <= 3
+    finally:
+        serving.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await serving
+        relay.close()
