@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fastapi import APIRouter, Depends, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
 from . import __version__
@@ -367,7 +368,7 @@ async def _receive(
     state: WorkerState,
 ) -> CellRequest:
     staged = await stage_multipart(
-        _counted(request.stream(), state, run_dir),
+        _counted(_body(request), state, run_dir),
         request.headers.get("content-type", ""),
         run_dir.inputs,
         max_part_bytes=state.settings.max_input_bytes,
@@ -380,6 +381,15 @@ async def _receive(
     inline = state.context.inline_io and len(staged.parts) <= 4
     await offload(inline, bind_inputs, cell, staged, run_dir.inputs)
     return cell
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    """The request's body; a client gone before its end is a plain refusal, not a bug."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise BadRequest("The client disconnected before its request body was complete") from None
 
 
 async def _counted(
@@ -473,7 +483,7 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
 async def execute_manifest(request: Request) -> Response:
     """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
     state = _state(request)
-    return await answer(request, state, await submit_manifest(state, request.stream()))
+    return await answer(request, state, await submit_manifest(state, _body(request)))
 
 
 @protected.post("/execute", openapi_extra=_MANIFEST_BODY)
@@ -484,7 +494,7 @@ async def execute_pool_alias(request: Request) -> Response:
     interval = state.settings.heartbeat_seconds
     if interval is None:
         return await execute_manifest(request)
-    job = await submit_manifest(state, request.stream())
+    job = await submit_manifest(state, _body(request))
     async with watching_for_disconnect(request.receive, job.execution.cancel.set):
         if await ended_within(job, interval):
             return _deliver(state, job)

@@ -180,3 +180,28 @@ def test_an_upload_that_stops_sending_is_answered_408_and_discarded(
         assert time.monotonic() - slow_started > 2  # it took longer than the limit, in all
     finally:
         w.stop()
+
+
+def test_a_client_gone_mid_upload_is_no_error_in_the_log(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(tmp_path_factory, "--pool-size", "1", capture_logs=True)
+    try:
+        part = (
+            b"--b0undary\r\nContent-Disposition: form-data; name=\"blob\"; filename=\"blob\""
+            b"\r\n\r\n" + b"x" * 100_000
+        )
+        with _upload_start(w.port, part, 10_000_000):
+            deadline = time.monotonic() + 10
+            while not list(w.run_dir.glob("skw-run-*")):
+                assert time.monotonic() < deadline
+                time.sleep(0.02)
+        while list(w.run_dir.glob("skw-run-*")):  # removed once the worker sees it gone
+            assert time.monotonic() < deadline, "the abandoned upload's run directory stayed"
+            time.sleep(0.02)
+        with httpx.Client(base_url=w.url, timeout=30) as c:
+            assert c.get("/health").status_code == 200
+        time.sleep(0.2)
+        assert "unexpected error" not in w.logs() and "Traceback" not in w.logs(), w.logs()
+    finally:
+        w.stop()
