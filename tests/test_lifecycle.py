@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from .conftest import start_worker, wait_gone
-from .wire import execute, read_bundle, v1_metadata
+from .wire import Background, execute, read_bundle, v1_metadata, wait_active
 
 
 def test_sigterm_drains_in_flight_work_then_exits_cleanly(
@@ -26,23 +26,16 @@ def test_sigterm_drains_in_flight_work_then_exits_cleanly(
         with httpx.Client(base_url=w.url, timeout=60) as slow, httpx.Client(
             base_url=w.url, timeout=60
         ) as fresh:
-            result: dict[str, httpx.Response] = {}
-            thread = threading.Thread(
-                target=lambda: result.update(r=execute(slow, "import time\ntime.sleep(2)\ndone = 1"))
-            )
-            thread.start()
-            deadline = time.monotonic() + 10
-            while fresh.get("/health").json()["active_executions"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            running = Background(slow, "import time\ntime.sleep(2)\ndone = 1")
+            wait_active(fresh)
             w.proc.send_signal(signal.SIGTERM)
             time.sleep(0.3)
             refused = execute(fresh, "x = 1")  # the port still answers while draining
             assert refused.status_code == 503, refused.text
             assert "shutting down" in refused.json()["detail"]
             assert fresh.get("/health").json()["status"] == "draining"
-            thread.join(30)
-        assert read_bundle(result["r"]).variables["done"]["preview"] == 1  # finished, not cut
+            finished = running.response()
+        assert read_bundle(finished).variables["done"]["preview"] == 1  # finished, not cut
         assert w.proc.wait(timeout=30) == 0
         wait_gone(kernels, 10, "kernels outlived their worker")
     finally:
@@ -58,24 +51,15 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         with httpx.Client(base_url=w.url, timeout=90) as slow, httpx.Client(
             base_url=w.url, timeout=10
         ) as probe:
-            result: dict[str, httpx.Response] = {}
-            thread = threading.Thread(
-                target=lambda: result.update(
-                    r=execute(slow, "import time\ntime.sleep(60)", timeout_seconds=100)
-                )
-            )
-            thread.start()
-            deadline = time.monotonic() + 10
-            while probe.get("/health").json()["active_executions"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            running = Background(slow, "import time\ntime.sleep(60)", timeout_seconds=100)
+            wait_active(probe)
             signalled = time.monotonic()
             w.proc.send_signal(signal.SIGTERM)
             assert w.proc.wait(timeout=30) == 0  # not after the cell's 60 s
-            thread.join(10)
+            cancelled = running.response(10)
         assert time.monotonic() - signalled < 30
-        assert result["r"].status_code == 409, result["r"].text
-        assert result["r"].json()["detail"] == "execution was cancelled"
+        assert cancelled.status_code == 409, cancelled.text
+        assert cancelled.json()["detail"] == "execution was cancelled"
         wait_gone(kernels, 10, "kernels outlived their worker")
     finally:
         w.stop()

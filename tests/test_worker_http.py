@@ -19,7 +19,15 @@ import pyarrow as pa
 import pytest
 
 from .conftest import ROOT, WorkerProcess, start_worker
-from .wire import execute, first_block_stored, read_bundle, run_ok, v1_metadata
+from .wire import (
+    Background,
+    execute,
+    first_block_stored,
+    read_bundle,
+    run_ok,
+    v1_metadata,
+    wait_active,
+)
 
 
 @pytest.fixture(scope="module")
@@ -616,8 +624,6 @@ def test_json_nested_too_deep_is_a_clear_4xx_on_every_route(
 def test_max_concurrent_refuses_what_it_cannot_admit_with_503(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    import threading
-
     env = {"STRATA_WORKER_MAX_CONCURRENT": "1"}  # the reference's variable, read as its flag
     w = start_worker(tmp_path_factory, "--pool-size", "2", env=env)
     try:
@@ -625,22 +631,14 @@ def test_max_concurrent_refuses_what_it_cannot_admit_with_503(
             base_url=w.url, timeout=60
         ) as other:
             assert c.get("/health").json()["max_concurrent"] == 1
-            result: dict[str, httpx.Response] = {}
-            thread = threading.Thread(
-                target=lambda: result.update(r=execute(other, "import time\ntime.sleep(3)\na = 1"))
-            )
-            thread.start()
-            deadline = time.monotonic() + 10
-            while c.get("/health").json()["active_executions"] < 1:
-                assert time.monotonic() < deadline
-                time.sleep(0.02)
+            running = Background(other, "import time\ntime.sleep(3)\na = 1")
+            wait_active(c)
             # a kernel is free, but the worker admits one execution at a time
             refused = execute(c, "b = 2")
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "5"
             assert refused.json()["detail"] == "Worker is running 1 of 1 executions"
-            thread.join(30)
-            assert read_bundle(result["r"]).variables["a"]["preview"] == 1
+            assert read_bundle(running.response()).variables["a"]["preview"] == 1
             assert run_ok(c, "b = 2").variables["b"]["preview"] == 2
     finally:
         w.stop()
@@ -658,15 +656,12 @@ def test_max_concurrent_must_be_positive() -> None:
 def test_a_job_answered_202_frees_its_run_directory_when_it_ends_not_when_polled(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    import threading
-
     w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2")
     try:
         with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
             base_url=w.url, timeout=60
         ) as other:
-            thread = threading.Thread(target=execute, args=(other, "import time\ntime.sleep(2)"))
-            thread.start()
+            running = Background(other, "import time\ntime.sleep(2)")
             deadline = time.monotonic() + 10
             while c.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:
                 assert time.monotonic() < deadline
@@ -674,7 +669,7 @@ def test_a_job_answered_202_frees_its_run_directory_when_it_ends_not_when_polled
             blob = [({"name": "blob", "format": "pickle/object"}, pickle.dumps(b"x" * 2_000_000))]
             accepted = execute(c, "n = len(blob)", blob)
             assert accepted.status_code == 202, accepted.text
-            thread.join(30)
+            assert running.response().status_code == 200
             # nobody polls yet: once the job has ended, its inputs are gone all the same
             while c.get("/health").json()["active_executions"] or list(w.run_dir.glob("skw-run-*")):
                 assert time.monotonic() < deadline + 20, list(w.run_dir.glob("skw-run-*"))

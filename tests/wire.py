@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,3 +92,27 @@ def first_block_stored(gz: bytes) -> bool:
     its BTYPE bits are 00, where a deflated stream has 01 or 10."""
     assert gz[:2] == b"\x1f\x8b" and gz[3] == 0, "a gzip stream without optional fields"
     return (gz[10] >> 1) & 0b11 == 0
+
+
+class Background:
+    """A cell sent from a thread (``execute``'s arguments); :meth:`response` waits for it."""
+
+    def __init__(self, client: httpx.Client, source: str, **kwargs: Any) -> None:
+        self._answer: list[httpx.Response] = []
+        self._thread = threading.Thread(
+            target=lambda: self._answer.append(execute(client, source, **kwargs))
+        )
+        self._thread.start()
+
+    def response(self, seconds: float = 30.0) -> httpx.Response:
+        self._thread.join(seconds)
+        assert self._answer, "the request in the background never got its answer"
+        return self._answer[0]
+
+
+def wait_active(client: httpx.Client, count: int = 1, seconds: float = 10.0) -> None:
+    """Wait (bounded) until the worker has ``count`` executions admitted."""
+    deadline = time.monotonic() + seconds
+    while client.get("/health").json()["active_executions"] < count:
+        assert time.monotonic() < deadline, "the execution was never admitted"
+        time.sleep(0.02)
