@@ -108,8 +108,9 @@ _subreaper_before = False  # already a subreaper (set by someone else): left as 
 _kernel_sessions: dict[int, None] = {}
 _KERNEL_SESSIONS_KEPT = 65536
 _strays: dict[int, int] = {}  # adopted processes still running: pid -> pidfd
-# Processes of a kernel's tree killed with it (the ones that escaped its session too).
-_killed_with_kernels: dict[int, None] = {}
+# Processes of a kernel's tree killed with it (the ones that escaped its session too), by
+# pid and start time: a pid used again later names another process.
+_killed_with_kernels: dict[int, int | None] = {}
 
 
 @contextlib.contextmanager
@@ -134,18 +135,20 @@ def _adopting_orphans() -> Iterator[None]:
 
 
 def _remember_session(kernel_pid: int) -> None:
-    _remember(_kernel_sessions, kernel_pid)
+    _remember(_kernel_sessions, kernel_pid, None)
 
 
 def killed_with_kernel(pids: Iterable[int]) -> None:
-    """Note processes of a kernel's tree that are killed with it: should this process
-    adopt them, they are reaped (see :func:`_reap_strays`)."""
+    """Note processes of a kernel's tree that are about to be killed with it: should this
+    process adopt them, they are reaped (see :func:`_reap_strays`)."""
     for pid in pids:
-        _remember(_killed_with_kernels, pid)
+        started = _stat(str(pid))
+        if started is not None:
+            _remember(_killed_with_kernels, pid, started[3])
 
 
-def _remember(kept: dict[int, None], pid: int) -> None:
-    kept[pid] = None
+def _remember(kept: dict[int, Any], pid: int, value: Any) -> None:
+    kept[pid] = value
     if len(kept) > _KERNEL_SESSIONS_KEPT:
         del kept[next(iter(kept))]
 
@@ -160,11 +163,14 @@ def _reap_strays() -> None:
     or, for one that started a session of its own, by having been killed with its kernel.
     """
     me = os.getpid()
-    for pid, parent, session in _processes():
+    for pid, parent, session, started in _processes():
         if parent != me or pid in _strays:
             continue
+        # a kernel leads its session (as the fork server leads its own): never one of them
         in_kernel_session = session in _kernel_sessions and pid != session
-        if not in_kernel_session and pid not in _killed_with_kernels:
+        # the same pid and start time: that process, not a later one given its pid
+        killed = _killed_with_kernels.get(pid, -1) == started
+        if not in_kernel_session and not killed:
             continue
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
@@ -189,9 +195,9 @@ def _reap_stray(pid: int) -> None:
         os.waitpid(pid, os.WNOHANG)
 
 
-def _processes() -> Iterator[tuple[int, int, int]]:
-    """(pid, parent pid, session id) of this process's children (zombies included), read
-    from /proc: the threads' ``children`` lists, else every process (a few ms)."""
+def _processes() -> Iterator[tuple[int, int, int, int]]:
+    """(pid, parent pid, session id, start time) of this process's children (zombies
+    included), from /proc: the threads' ``children`` lists, else every process (a few ms)."""
     try:
         pids: set[int] = set()
         for tid in os.listdir("/proc/self/task"):
@@ -204,15 +210,24 @@ def _processes() -> Iterator[tuple[int, int, int]]:
         except OSError:
             return
     for name in names:
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        with contextlib.suppress(IndexError, ValueError):
-            yield int(name), int(fields[1]), int(fields[3])
+        found = _stat(name)
+        if found is not None:
+            yield found
+
+
+def _stat(pid: str) -> tuple[int, int, int, int] | None:
+    """(pid, parent pid, session id, start time in clock ticks) from ``/proc/<pid>/stat``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    # "pid (comm) state ppid pgrp session ... starttime": comm may hold spaces and ")"
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(pid), int(fields[1]), int(fields[3]), int(fields[19])
+    except (IndexError, ValueError):
+        return None
 
 
 def _prctl(*args: Any) -> int:

@@ -373,3 +373,21 @@ async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped(
         while set(zombies(os.getpid())) - before:
             assert time.monotonic() < deadline, f"never reaped: {set(zombies(os.getpid())) - before}"
             await asyncio.sleep(0.05)
+
+
+def test_a_pid_used_again_is_never_taken_for_a_stray() -> None:
+    """A pid noted when a kernel's tree was killed may name a later process of ours (a
+    Popen child here): its exit status stays its owner's."""
+    from kernel_pool import forkserver
+
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    deadline = time.monotonic() + 10
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    forkserver._killed_with_kernels[child.pid] = -1  # the start time of an earlier holder
+    try:
+        forkserver._reap_strays()
+    finally:
+        del forkserver._killed_with_kernels[child.pid]
+    assert child.wait(10) == 7
