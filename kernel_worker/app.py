@@ -32,7 +32,7 @@ from .execution import KEPT_DIR_PREFIX, ExecutionContext, sweep_stale_run_dirs
 from .fastpath import FastPath
 from .file_reuse import ReusableFiles
 from .jobs import JobQueue
-from .kernel_env import kernel_environment
+from .kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
 from .logs import RequestIdMiddleware
 from .metrics import WorkerMetrics
 from .mount_cache import MountCache
@@ -85,6 +85,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     secrets = scrub_secrets(os.environ)
     if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
         settings = replace(settings, token=secrets["STRATA_WORKER_TOKEN"].strip())
+    if not settings.kernel_env_allowlist:  # an app built without the CLI reads it too
+        allowlist = parse_allowlist(os.environ.get(ALLOWLIST_ENV_VAR, ""))
+        settings = replace(settings, kernel_env_allowlist=allowlist)
     kernel_env = kernel_environment(os.environ, settings.kernel_env_allowlist)
     if settings.kernel_env_allowlist:
         log.info(

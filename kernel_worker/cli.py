@@ -190,7 +190,7 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "STRATA_WORKER_MAX_CONCURRENT",
         _positive_int,
         "executions admitted at once, running or waiting for a kernel; more get 503 + "
-        "Retry-After (default: --pool-size running plus --queue-depth waiting)",
+        "Retry-After (default: no cap but --queue-depth on those waiting)",
     ),
     (
         "--body-timeout",

@@ -65,8 +65,9 @@ class RunDir:
     root: Path
     received_bytes: int = 0
     """Request bytes staged into it (a hint of how much there is to remove)."""
-    last_received: float = 0.0
-    """Event-loop time of the request body's latest chunk (inf once the body is in)."""
+    waiting_since: float | None = None
+    """Event-loop time since which the worker waits for the request body's next bytes;
+    None while it is not waiting on the client (staging a chunk, or the body is in)."""
     inputs: Path = field(init=False)
     work: Path = field(init=False)
     files: Path = field(init=False)

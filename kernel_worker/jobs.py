@@ -70,6 +70,7 @@ class Job:
 
 
 Runner = Callable[[Job], Awaitable[JobResult]]
+_WAITING = (JobState.QUEUED, JobState.PROVISIONING)
 
 
 class JobQueue:
@@ -97,7 +98,9 @@ class JobQueue:
 
     def submit(self, execution: Execution, run_dir: RunDir, runner: Runner) -> Job:
         """Start ``runner(job)`` in the background, or raise :class:`WorkerBusy` if full."""
-        if self.queued >= self._max_queued:
+        # a pull run fetching its inputs will wait for a kernel next: it counts here
+        waiting = sum(1 for job in self._jobs.values() if job.state in _WAITING)
+        if waiting >= self._max_queued:
             raise WorkerBusy(f"Worker queue is full ({self._max_queued} executions waiting)")
         job = Job(secrets.token_urlsafe(16), execution, run_dir)
         self._jobs[job.job_id] = job

@@ -250,8 +250,8 @@ class _Answer:
                 await self._deliver(self._stream.header + body[start : start + MAX_PAYLOAD_BYTES])
             if not message.get("more_body", False):
                 self._ended = True
+                self._on_end()  # before the end goes out: the relay may use the id at once
                 await self._deliver(json.dumps({"type": "end", "id": self._id}))
-                self._on_end()
 
     async def close(self) -> None:
         """After the app returned: an answer it never finished is cut off, or made a 500."""
@@ -356,27 +356,37 @@ async def run_connected(app: FastAPI, url: str, token: str | None, drain_seconds
     async with app.router.lifespan_context(app):
         requests: set[asyncio.Task[None]] = set()
         serving = asyncio.create_task(serve_relay(url, app, token, requests))
-        if not await _until_signal(signalled, serving):
-            try:
-                serving.result()
-            except RelayRefused as exc:
-                log.error("%s", exc)
-                return 1
-        signalled.clear()
-        drain = asyncio.ensure_future(app.state.worker.drain(drain_seconds))
+        try:
+            if not await _until_signal(signalled, serving):
+                try:
+                    serving.result()
+                except RelayRefused as exc:
+                    log.error("%s", exc)
+                    return 1
+            signalled.clear()
+            await _drain(app.state.worker, signalled, drain_seconds, requests)
+        finally:
+            serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+    return 0
+
+
+async def _drain(
+    state: Any, signalled: asyncio.Event, drain_seconds: float, requests: set[asyncio.Task[None]]
+) -> None:
+    """Let admitted executions finish (new ones get 503) for ``drain_seconds``, or until a
+    second signal; cancel what is left; give the answers a moment to go out."""
+    drain = asyncio.ensure_future(state.drain(drain_seconds))
+    try:
         if await _until_signal(signalled, drain) or not drain.result():
             log.warning("stopping before every execution in flight finished; cancelling them")
-            app.state.worker.cancel_all()
+            state.cancel_all()
+    finally:
         drain.cancel()
-        if requests:  # their answers (a 409 for what was cancelled) still go out
-            answering = asyncio.ensure_future(
-                asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS)
-            )
-            await _until_signal(signalled, answering)
-            answering.cancel()
-        serving.cancel()
-        await asyncio.gather(serving, drain, return_exceptions=True)
-    return 0
+    if requests:  # their answers (a 409 for what was cancelled) still go out
+        answering = asyncio.ensure_future(asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS))
+        await _until_signal(signalled, answering)
+        answering.cancel()
 
 
 async def _until_signal(signalled: asyncio.Event, work: asyncio.Future[Any]) -> bool:

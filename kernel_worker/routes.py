@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -396,36 +395,40 @@ async def _counted(
     chunks: AsyncIterator[bytes], state: WorkerState, run_dir: RunDir
 ) -> AsyncIterator[bytes]:
     clock = asyncio.get_running_loop().time
-    async for chunk in chunks:
+    run_dir.waiting_since = clock()
+    async for chunk in chunks:  # waiting on the client: the body timeout's clock runs
         state.metrics.bytes_in.inc(len(chunk))
         run_dir.received_bytes += len(chunk)
-        run_dir.last_received = clock()
+        run_dir.waiting_since = None  # staging the chunk (a slow disk) is not the client's
         yield chunk
-    run_dir.last_received = math.inf  # the whole body is in: nothing left to stall
+        run_dir.waiting_since = clock()
+    run_dir.waiting_since = None  # the whole body is in
 
 
 async def _unless_stalled(receiving: Awaitable[T], run_dir: RunDir, state: WorkerState) -> T:
     """``receiving``, or :class:`BodyStalled` once the body sends nothing for too long.
 
-    A timer looks at the last chunk's time now and then (a chunk only stamps it: a wait
-    per chunk would cost the upload path) and cancels this task when it is stale; the
-    cancellation is taken back and answered 408 unless the task was cancelled otherwise.
+    A timer looks now and then at how long the worker has been waiting for the client's
+    next bytes (a chunk only stamps a time: a wait per chunk would cost the upload path)
+    and cancels this task when it is too long; the cancellation is taken back and answered
+    408 unless the task was cancelled otherwise. Time spent staging (a slow disk) and after
+    the body is in never counts.
     """
     loop = asyncio.get_running_loop()
     limit = state.settings.body_timeout_seconds
     task = asyncio.current_task()
     assert task is not None
     stalled = False
-    run_dir.last_received = loop.time()
     handle: asyncio.TimerHandle | None = None
 
     def look() -> None:
         nonlocal handle, stalled
-        idle = loop.time() - run_dir.last_received
+        since = run_dir.waiting_since
+        idle = 0.0 if since is None else loop.time() - since
         if idle >= limit:
             stalled = True
             task.cancel()
-        elif idle > -math.inf:  # else the body is in
+        else:
             handle = loop.call_later(limit - idle, look)
 
     handle = loop.call_later(limit, look)
@@ -438,7 +441,8 @@ async def _unless_stalled(receiving: Awaitable[T], run_dir: RunDir, state: Worke
             ) from None
         raise
     finally:
-        handle.cancel()
+        if handle is not None:
+            handle.cancel()
 
 
 @protected.post("/v1/mount-cache/cached")

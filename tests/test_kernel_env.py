@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
@@ -125,3 +126,18 @@ def test_a_worker_refuses_an_allowlist_it_cannot_read() -> None:
     )
     assert done.returncode == 2
     assert "STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST is not a JSON array" in done.stderr
+
+
+def test_an_app_built_without_the_cli_reads_the_allowlist_too(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from kernel_worker.app import create_app
+    from kernel_worker.settings import Settings
+
+    monkeypatch.setenv("STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST", "KEEP_ME")
+    monkeypatch.setenv("KEEP_ME", "kept")
+    monkeypatch.setenv("SECRET_THING", "do-not-show")
+    app = create_app(Settings(run_root=tmp_path, file_reuse_bytes=0))
+    env = app.state.worker.pool.config.env
+    assert env["KEEP_ME"] == "kept" and "PATH" in env
+    assert "SECRET_THING" not in env

@@ -366,7 +366,9 @@ def test_a_run_fetching_its_inputs_is_provisioning_not_queued(
     tmp_path_factory: pytest.TempPathFactory, store: FakeStore, key: str
 ) -> None:
     env = {"STRATA_WORKER_ALLOW_LOCAL_HOSTS": "1"}
-    w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.3", env=env)
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.3", "--queue-depth", "1", env=env
+    )
     try:
         inputs = {"v": ({"content_type": "json/object"}, b"[" + b"1, " * 1000 + b"1]")}
         body = manifest(store, key, "n = len(v)", inputs, route="slow")
@@ -377,6 +379,11 @@ def test_a_run_fetching_its_inputs_is_provisioning_not_queued(
             assert accepted.json()["state"] == "provisioning"
             assert "position" not in accepted.json()
             assert c.get("/health").json()["queue_depth"] == 0
+            # but it will wait for a kernel next: it holds a place against --queue-depth
+            other = manifest(store, key + "b", "n = len(v)", inputs, route="slow")
+            full = c.post("/v1/execute-manifest", json=other)
+            assert full.status_code == 503, full.text
+            assert "queue is full" in full.json()["detail"]
             deadline = time.monotonic() + 30
             while (poll := c.get(accepted.json()["job_url"]).json())["state"] != "finished":
                 assert poll["state"] in {"provisioning", "queued", "running"}, poll
