@@ -13,8 +13,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -29,8 +27,9 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from kernel_worker.relay import serve_relay
-from tests.conftest import ROOT, WorkerProcess, wait_gone
+from kernel_worker.cli import settings_from
+from kernel_worker.relay import RelayRefused, serve_relay
+from tests.conftest import WorkerProcess, wait_gone
 from tests.fake_relay import MAX_PAYLOAD_BYTES, FakeRelay
 from tests.wire import execute, run_ok
 
@@ -207,21 +206,12 @@ def test_a_worker_started_before_its_relay_connects_once_it_listens(tmp_path: Pa
             relay.close()
 
 
-@pytest.mark.parametrize(
-    ("relay_kwargs", "why"),
-    [
-        ({"refuse_status": 403}, "refused the worker: 403"),
-        ({"token": "another"}, "refused the worker: 401"),
-        ({"subprotocol": False}, "does not speak strata-worker-connect.v1"),
-    ],
-)
-def test_a_relay_that_refuses_the_worker_stops_it(
-    tmp_path: Path, relay_kwargs: dict[str, object], why: str
-) -> None:
-    relay = FakeRelay(**relay_kwargs)  # type: ignore[arg-type]
+def test_a_relay_that_refuses_the_worker_stops_it(tmp_path: Path) -> None:
+    relay = FakeRelay(token="another")
     worker = _start(
         tmp_path, relay.url, "--pool-size", "1", env={"STRATA_WORKER_CONNECT_TOKEN": RELAY_TOKEN}
     )
+    why = "refused the worker: 401"
     seen: set[int] = set()  # its kernels, while it runs
     try:
         deadline = time.monotonic() + 90
@@ -268,6 +258,32 @@ def test_sigterm_cancels_what_outlasts_the_drain_and_exits(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize(
+    ("relay_kwargs", "why"),
+    [
+        ({"refuse_status": 403}, "refused the worker: 403"),
+        ({"refuse_status": 408}, None),  # a relay busy for now: dialled again
+        ({"subprotocol": False}, "does not speak strata-worker-connect.v1"),
+    ],
+)
+async def test_which_handshake_answers_are_final(
+    relay_kwargs: dict[str, object], why: str | None
+) -> None:
+    relay = FakeRelay(**relay_kwargs)  # type: ignore[arg-type]
+    serving = asyncio.create_task(serve_relay(relay.url, _APP, None))
+    try:
+        done, _ = await asyncio.wait({serving}, timeout=2.5)
+        if why is None:
+            assert not done and len(relay.handshakes) >= 2
+        else:
+            with pytest.raises(RelayRefused, match=why):
+                serving.result()
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)
+        relay.close()
+
+
+@pytest.mark.parametrize(
     ("url", "token", "why"),
     [
         ("http://relay.example/", None, "--connect takes a ws:// or wss:// URL"),
@@ -277,22 +293,17 @@ def test_sigterm_cancels_what_outlasts_the_drain_and_exits(tmp_path: Path) -> No
         ("ws://relay.example/c", "abc\r\nX-Evil: 1", "STRATA_WORKER_CONNECT_TOKEN holds characters"),
     ],
 )
-def test_connect_is_checked_before_anything_starts(url: str, token: str | None, why: str) -> None:
-    env = {**os.environ}
+def test_connect_is_checked_before_anything_starts(
+    url: str, token: str | None, why: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    env = {} if token is None else {"STRATA_WORKER_CONNECT_TOKEN": token}
+    with pytest.raises(SystemExit) as exited:
+        settings_from(["--connect", url], env)
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    assert why in stderr
     if token is not None:
-        env["STRATA_WORKER_CONNECT_TOKEN"] = token
-    done = subprocess.run(
-        [sys.executable, "-m", "kernel_worker", "--connect", url],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 2
-    assert why in done.stderr
-    if token is not None:
-        assert token.strip() not in done.stderr  # a secret is never echoed
+        assert token.strip() not in stderr  # a secret is never echoed
 
 
 # --- the transport alone, with a small app in this process ------------------------------
