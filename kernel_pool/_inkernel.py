@@ -225,6 +225,17 @@ class _Snapshot:
             and all(current.get(key) is value for key, value in self.by_identity)
         )
 
+    def restore(self, current, *, exact):
+        """Put the baseline entries back into ``current`` (``exact``: and drop the rest)."""
+        if self.unchanged(current, exact=exact):
+            return
+        for key, value in self.items.items():
+            if current.get(key, _MISSING) is not value:
+                current[key] = value
+        if exact:
+            for key in [k for k in current if k not in self.items]:
+                del current[key]
+
 
 # equal ones are interchangeable; builtin functions are equal when they are the same C
 # function bound to the same object
@@ -264,17 +275,7 @@ def _environ_unchanged():
 def _restore_core_modules():
     """Undo monkeypatches of the core modules (the kernel's own messaging uses them)."""
     for name, snapshot in _baseline["module_dicts"].items():
-        module = _baseline["modules"][name]
-        current = module.__dict__
-        exact = name == "builtins"
-        if snapshot.unchanged(current, exact=exact):
-            continue
-        for key, value in snapshot.items.items():
-            if current.get(key, _MISSING) is not value:
-                current[key] = value
-        if exact:
-            for key in [k for k in current if k not in snapshot.items]:
-                del current[key]
+        snapshot.restore(_baseline["modules"][name].__dict__, exact=name == "builtins")
 
 
 def _restore_interpreter(problems):
@@ -288,13 +289,7 @@ def _restore_interpreter(problems):
     sys.meta_path[:] = _baseline["meta_path"]
     sys.path_hooks[:] = _baseline["path_hooks"]
     # a finder a cell put there would run later requests' imports; any other is rebuilt
-    cache, snapshot = sys.path_importer_cache, _baseline["importer_cache"]
-    if not snapshot.unchanged(cache, exact=True):
-        for key in [k for k in cache if k not in snapshot.items]:
-            del cache[key]
-        for key, value in snapshot.items.items():
-            if cache.get(key, _MISSING) is not value:
-                cache[key] = value
+    _baseline["importer_cache"].restore(sys.path_importer_cache, exact=True)
     modules = sys.modules
     if not _baseline["module_table"].unchanged(modules, exact=False):
         for name, module in _baseline["modules"].items():

@@ -106,11 +106,11 @@ _adopting = 0  # forks in flight, over every pool of this process
 _subreaper_before = False  # already a subreaper (set by someone else): left as it is
 # Sessions of the kernels this process forked (each kernel leads its own), newest last.
 _kernel_sessions: dict[int, None] = {}
-_KERNEL_SESSIONS_KEPT = 65536
+_PIDS_KEPT = 65536  # of each kind below, oldest forgotten first
 _strays: dict[int, int] = {}  # adopted processes still running: pid -> pidfd
 # Processes of a kernel's tree killed with it (the ones that escaped its session too), by
 # pid and start time: a pid used again later names another process.
-_killed_with_kernels: dict[int, int | None] = {}
+_killed_with_kernels: dict[int, int] = {}
 
 
 @contextlib.contextmanager
@@ -149,7 +149,7 @@ def killed_with_kernel(pids: Iterable[int]) -> None:
 
 def _remember(kept: dict[int, Any], pid: int, value: Any) -> None:
     kept[pid] = value
-    if len(kept) > _KERNEL_SESSIONS_KEPT:
+    if len(kept) > _PIDS_KEPT:
         del kept[next(iter(kept))]
 
 

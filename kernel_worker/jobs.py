@@ -139,10 +139,8 @@ class JobQueue:
             self._remove_unneeded_run_dir(job)
 
     def _remove_unneeded_run_dir(self, job: Job) -> None:
-        if isinstance(job.result, BundleStream) or job._run_dir_removed:
-            return
-        job._run_dir_removed = True
-        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
+        if not isinstance(job.result, BundleStream):  # else it is written from there
+            _remove_run_dir(job)
 
     def claim(self, job: Job) -> bool:
         """Take ``job`` out of the registry (its result is being delivered); False if gone.
@@ -164,11 +162,7 @@ class JobQueue:
             return
         if job._expiry is not None:
             job._expiry.cancel()
-        if job._run_dir_removed:
-            return
-        job._run_dir_removed = True
-        # never block the event loop on a (possibly large) directory
-        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
+        _remove_run_dir(job)
 
     async def aclose(self) -> None:
         """Cancel every job and remove what they left."""
@@ -183,3 +177,10 @@ class JobQueue:
                 await task
         for job in jobs:
             self.release(job)
+
+
+def _remove_run_dir(job: Job) -> None:
+    """Remove ``job``'s run directory once, in the background (it may be large)."""
+    if not job._run_dir_removed:
+        job._run_dir_removed = True
+        asyncio.get_running_loop().run_in_executor(None, shutil.rmtree, job.run_dir.root, True)
