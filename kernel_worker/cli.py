@@ -356,24 +356,39 @@ class _DrainingServer:
     """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: new executions get
     503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
     listener closes, remaining jobs are cancelled, kernels shut down, and the process exits 0.
+
+    A second signal (either) stops the drain's wait at once: what is running is cancelled
+    and the worker goes on to shut down as above. A third SIGINT is uvicorn's force quit.
     """
 
     def __new__(cls, config: Any, state: Any, drain_seconds: float) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):
+            signals = 0
+            cut: asyncio.Event | None = None
+            loop: asyncio.AbstractEventLoop | None = None
+
             def handle_exit(self, sig: int, frame: Any) -> None:
                 # a graceful stop exits 0 (uvicorn would re-raise the signal afterwards)
-                if self.should_exit and sig == signal.SIGINT:
+                self.signals += 1
+                if self.signals >= 2 and self.cut is not None and self.loop is not None:
+                    self.loop.call_soon_threadsafe(self.cut.set)  # from a signal handler
+                if self.signals >= 3 and sig == signal.SIGINT:
                     self.force_exit = True
                 self.should_exit = True
 
             async def shutdown(self, sockets: Any = None) -> None:
-                drained = await state.drain(drain_seconds)
+                self.loop, self.cut = asyncio.get_running_loop(), asyncio.Event()
+                if self.signals >= 2:  # came before the event existed
+                    self.cut.set()
+                drained = await state.drain(drain_seconds, self.cut)
                 if not drained:
                     logging.getLogger("kernel_worker").warning(
-                        "drain timed out after %ss; cancelling what is still running",
-                        drain_seconds,
+                        "drain %s; cancelling what is still running",
+                        "cut short by a second signal"
+                        if self.cut.is_set()
+                        else f"timed out after {drain_seconds}s",
                     )
                     # their requests answer 409 at once, so uvicorn's wait for open
                     # connections below ends too
@@ -381,6 +396,7 @@ class _DrainingServer:
                 await super().shutdown(sockets)
 
         return Server(config)
+
 
 
 _M_TRIM_THRESHOLD = -1

@@ -376,13 +376,9 @@ async def _drain(
 ) -> None:
     """Let admitted executions finish (new ones get 503) for ``drain_seconds``, or until a
     second signal; cancel what is left; give the answers a moment to go out."""
-    drain = asyncio.ensure_future(state.drain(drain_seconds))
-    try:
-        if await _until_signal(signalled, drain) or not drain.result():
-            log.warning("stopping before every execution in flight finished; cancelling them")
-            state.cancel_all()
-    finally:
-        drain.cancel()
+    if not await state.drain(drain_seconds, signalled):
+        log.warning("stopping before every execution in flight finished; cancelling them")
+        state.cancel_all()
     if requests:  # their answers (a 409 for what was cancelled) still go out
         answering = asyncio.ensure_future(asyncio.wait(set(requests), timeout=ANSWER_GRACE_SECONDS))
         await _until_signal(signalled, answering)

@@ -75,17 +75,22 @@ class WorkerState:
         if not self.executions:
             self.idle.set()
 
-    async def drain(self, timeout_seconds: float) -> bool:
-        """Refuse new executions; wait (bounded) for those admitted to end. True if they did."""
+    async def drain(self, timeout_seconds: float, stop: asyncio.Event | None = None) -> bool:
+        """Refuse new executions; wait for those admitted to end, for at most
+        ``timeout_seconds`` and not after ``stop`` is set. True if they did end."""
         self.draining = True
         if not self.executions:
             return True
         self.idle.clear()
+        waits = {asyncio.ensure_future(self.idle.wait())}
+        if stop is not None:
+            waits.add(asyncio.ensure_future(stop.wait()))
         try:
-            await asyncio.wait_for(self.idle.wait(), timeout_seconds)
-        except TimeoutError:
-            return False
-        return True
+            await asyncio.wait(waits, timeout=timeout_seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+        return self.idle.is_set()
 
     def cancel_all(self) -> int:
         """Cancel every admitted execution (a drain that ran out of time); how many."""

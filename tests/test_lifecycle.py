@@ -65,6 +65,40 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         w.stop()
 
 
+@pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_second_signal_cuts_the_drain_short(
+    tmp_path_factory: pytest.TempPathFactory, second: signal.Signals
+) -> None:
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--drain-seconds", "120", "--log-level", "info",
+        capture_logs=True,
+    )
+    try:
+        kernels = w.remember_kernels()
+        with httpx.Client(base_url=w.url, timeout=90) as slow, httpx.Client(
+            base_url=w.url, timeout=10
+        ) as probe:
+            running = Background(slow, "import time\ntime.sleep(60)", timeout_seconds=100)
+            wait_active(probe)
+            w.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while probe.get("/health").json()["status"] != "draining":  # the drain waits
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            assert w.proc.poll() is None
+            signalled = time.monotonic()
+            w.proc.send_signal(second)
+            assert w.proc.wait(timeout=30) == 0  # not after the drain's 120 s
+            cancelled = running.response(10)
+        assert time.monotonic() - signalled < 30
+        assert cancelled.status_code == 409, cancelled.text
+        assert "cut short by a second signal" in w.logs()
+        assert "Application shutdown complete" in w.logs()  # the pool was closed, not left
+        wait_gone(kernels, 10, "kernels outlived their worker")
+    finally:
+        w.stop()
+
+
 def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
