@@ -634,12 +634,12 @@ def _reset_if_last(result=None):
     loop = _running_loop()
     if loop is None:  # no loop running: reset now, before the reply
         _reset_and_report(shell, parent)
-    else:  # run once the handler yields, after the reply: off the request's path
+    else:  # run once the reply and the idle status are out: off the request's path
         # except the few settings held in context variables: a callback gets a copy of the
         # cells' context, so they are restored here, in the cells' own (microseconds)
         problems = []
         restore_context_settings(problems)  # noqa: F821 (from _inkernel_modules.py)
-        loop.call_soon(_reset_and_report, shell, parent, problems)
+        reset_after_idle(loop, shell, parent, problems)  # noqa: F821 (_inkernel_messaging.py)
 
 
 def _reset_and_report(shell, parent, context_problems=None):

@@ -13,6 +13,10 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
   ``os.system('echo …')``, more on a busy machine), they reached IOPub after the reply,
   under a request that was over, and were lost. It waits until each pipe is empty and its
   thread is back to reading it.
+- :func:`reset_after_idle` starts the reset after a lease's last cell once the kernel's
+  idle status is on its way: the pool answers a request when it has both the reply and
+  the idle status, and the IO thread that sends the status waited for the GIL while the
+  reset held it (a millisecond or more).
 - :func:`before_kernel_app` (in a forked kernel, before ipykernel's application starts)
   has the main thread read shell requests itself. ipykernel 7 reads them in a thread of
   their own, to route them to subshells, and hands each request and each reply between the
@@ -23,6 +27,7 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
 import array
 import contextlib
 import fcntl
+import functools
 import os
 import sys
 import threading
@@ -200,8 +205,40 @@ def _without_busy(publish_status):
     def publish_unless_busy(status, *args, **kwargs):
         if status != "busy":
             publish_status(status, *args, **kwargs)
+        if status == "idle" and _pending_reset:
+            try:
+                loop, reset = _pending_reset.pop()
+            except IndexError:  # taken by a status another thread published
+                return
+            _start_after_send(loop, reset)
 
+    publish_unless_busy.kernel_pool_starts_resets = True
     return publish_unless_busy
+
+
+_pending_reset = []  # the lease's last cell's reset, until its idle status is published
+
+
+def reset_after_idle(loop, *reset):
+    """Run ``_reset_and_report(*reset)`` on ``loop`` once the idle status that ends this
+    request is published and the IO thread has sent it. Without the hook that sees the
+    status published, as soon as the handler yields."""
+    kernel = getattr(_shell(), "kernel", None)  # noqa: F821 (from _inkernel.py)
+    publish = getattr(kernel, "_publish_status", None)
+    if getattr(publish, "kernel_pool_starts_resets", False):
+        _pending_reset[:] = [(loop, reset)]
+    else:
+        loop.call_soon(_reset_and_report, *reset)  # noqa: F821 (from _inkernel.py)
+
+
+def _start_after_send(loop, reset):
+    start = functools.partial(loop.call_soon_threadsafe, _reset_and_report, *reset)  # noqa: F821
+    thread = getattr(getattr(_shell(), "kernel", None), "iopub_thread", None)  # noqa: F821
+    schedule = getattr(thread, "schedule", None)
+    if schedule is None:
+        start()
+    else:
+        schedule(start)  # queued behind the status: runs once the IO thread has sent it
 
 
 def _remember_signature_checks():

@@ -582,6 +582,27 @@ async def test_last_cell_reset_runs_after_the_reply_which_keeps_the_error(pool: 
     assert out == "False False\n"
 
 
+async def test_a_slow_last_cell_reset_does_not_hold_back_the_answer(pool: Pool) -> None:
+    """The kernel starts the reset once its idle status is out. Freeing millions of objects
+    holds the GIL; started at once, the reset kept the thread that sends the status waiting
+    until it was done, and the lease's answer with it."""
+    cell = (
+        "import time\nstarted = time.perf_counter()\n"
+        "data = [[i] for i in range(4_000_000)]\n"
+        "print(time.perf_counter() - started)"
+    )
+    async with pool.lease() as lease:
+        sent = time.monotonic()
+        out = await run(lease, cell, timeout=60, last=True)
+        answered = time.monotonic() - sent
+    await settle(pool, idle=1)
+    assert pool.stats().inline_resets == 1
+    reset = pool.stats().reset.last_seconds
+    assert reset is not None and reset > 0.05, reset  # the free is slow enough to tell
+    waited = answered - float(out)  # beyond the cell's own time
+    assert waited < reset / 2, (waited, reset)
+
+
 async def test_policies_that_replace_the_kernel_skip_the_last_cell_reset() -> None:
     async with Pool(PoolConfig(size=1, max_uses=1)) as pool:
         async with pool.lease(wait_seconds=30) as lease:
