@@ -459,3 +459,35 @@ def test_a_figure_output_is_pickled_still_open_in_pyplot(client: httpx.Client, t
     )
     out = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "FigureCanvasAgg True [1]", out.stderr
+
+
+def test_a_name_bound_to_the_object_it_already_held_is_an_output(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Any
+) -> None:
+    """The reference's namespace holds only the inputs: a name a cell binds is new there even
+    where the preload (or IPython) gave the kernel's namespace the very same object."""
+    preload = tmp_path / "preload.py"
+    preload.write_text("import json as js\nCONST = 7\nmodel = {'w': [1, 2]}\nspare = 'kept'\n")
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--preload", str(preload))
+    try:
+        with httpx.Client(base_url=w.url, timeout=120) as c:
+            source = (
+                "import json as js\n"
+                "CONST = 7\n"
+                "try:\n    from IPython.display import display\nexcept ImportError:\n    pass\n"
+                "if False:\n    spare = 'kept'\n"  # a branch that did not run binds nothing
+                "for CONST in [7]:\n    pass\n"
+                "out = js.dumps(model)\n"
+                "display(out)"
+            )
+            bundle = run_ok(c, source)
+            assert set(bundle.variables) == {"js", "CONST", "display", "out", "_"}  # _: display
+            assert bundle.variables["js"]["content_type"] == "module/import"
+            assert bundle.variables["CONST"]["preview"] == 7
+            assert len(bundle.manifest["displays"]) == 1  # the last expression is still shown
+            # an input the cell binds to itself is no output, as in the reference
+            given = {"name": "v", "format": "json/object", "file": "v.json"}
+            again = run_ok(c, "v = v\nw = v", [(given, b"[1, 2]")])
+            assert set(again.variables) == {"w"}
+    finally:
+        w.stop()

@@ -41,6 +41,7 @@ CASES = [
     "figure",
     "uppercase",
     "timeout",
+    "rebound",
 ]
 
 pytestmark = [

@@ -12,7 +12,8 @@ from functools import cache
 from pathlib import Path
 
 AGENT_PACKAGE = "strata_kernel_agent"
-_MODULES = ("arrow_codec", "figures", "codecs", "tracebacks", "runtime")  # dependency order
+# in dependency order
+_MODULES = ("arrow_codec", "figures", "codecs", "tracebacks", "rebinding", "runtime")
 
 
 @cache

@@ -17,7 +17,7 @@ import pathlib
 import sys
 import warnings
 
-from . import arrow_codec, codecs, figures, tracebacks
+from . import arrow_codec, codecs, figures, rebinding, tracebacks
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -32,6 +32,7 @@ class _Run:
         self.plan = plan
         self.source = source  # the cell's text
         self.before = {}
+        self.rebound = set()  # names bound to the object they held (see rebinding)
         self.inputs = {}
         self.fingerprints = {}
         self.displays = []
@@ -265,6 +266,20 @@ def _pre_run_cell(info=None):
     except BaseException as exc:  # reported as the cell's own failure, never swallowed
         run.error = exc
     run.before = {name: id(value) for name, value in shell.user_ns.items()}
+    # a name the cell binds to the object it held is an output all the same, except an
+    # input's (the reference's rule: its namespace holds only what the request gave)
+    given = _given_names(plan)
+    run.rebound = rebinding.start(
+        name for name in run.before if name not in given and not name.startswith("_")
+    )
+
+
+def _given_names(plan):
+    names = {spec["name"] for spec in plan.get("inputs", ())}
+    names.update(plan.get("paths") or ())
+    for table in plan.get("tables") or ():
+        names.update((table, f"{table}_snapshot"))
+    return names
 
 
 def _prepare(shell, run):
@@ -341,7 +356,7 @@ def _is_output(name, value_id, run):
         return False
     if name in run.plan.get("mutation_defines", ()):
         return True
-    return run.before.get(name) != value_id
+    return run.before.get(name) != value_id or name in run.rebound
 
 
 def _serialize(name, value, files_dir, for_display=False):
@@ -497,6 +512,7 @@ def collect(run):
 def _end_run():
     run = _state["run"]
     _state["run"] = None
+    rebinding.stop()
     arrow_codec.offer_spares(None)
     figures.forget_renders()
     if run is not None:
@@ -657,6 +673,7 @@ def install(shell):
     shell.events.register("post_execute", _stop_recording)
     shell.events.register("post_run_cell", _post_run_cell)
     shell.ast_transformers.append(_FailCell())
+    shell.ast_transformers.append(rebinding.MarkRebinds())
     shell.InteractiveTB.set_mode(mode="Plain")  # the fastest of IPython's layouts
     tracebacks.install(shell, _current_source, _cell_file_label)
     shell.colors = "nocolor"

@@ -104,6 +104,12 @@ CELLS: list[tuple[str, str, str]] = [
         "timeout",
         TAG + f"# @timeout {TIMEOUT_LIMIT_SECONDS}\nimport time\ntime.sleep(60)",
     ),
+    (
+        "rebound",
+        "rebound_make",  # binds `display` to the very function the kernel's namespace holds
+        TAG + "from IPython.display import display\ndisplay('first')\nlimit = 7",
+    ),
+    ("rebound", "rebound_use", TAG + "display('second')\nnext_limit = limit + 1"),
 ]
 CASES = list(dict.fromkeys(case for case, _, _ in CELLS))
 
@@ -297,6 +303,16 @@ def check_timeout(case: Case) -> None:
     case.expect("timeout", "elapsed_seconds", 20, how="<")
 
 
+def check_rebound(case: Case) -> None:
+    # The client stores every name a cell binds that a later cell reads; one missing from the
+    # bundle fails the producing cell "to store output artifacts".
+    case.expect("rebound_make", "success", True)
+    case.expect_ran_on_worker("rebound_make")
+    case.expect("rebound_make", "error", None)
+    case.expect("rebound_use", "success", True)
+    case.expect("rebound_use", "outputs.next_limit.preview", 8)
+
+
 CHECKS: dict[str, Callable[[Case], None]] = {
     "simple": check_simple,
     "dataframe": check_dataframe,
@@ -307,6 +323,7 @@ CHECKS: dict[str, Callable[[Case], None]] = {
     "figure": check_figure,
     "uppercase": check_uppercase,
     "timeout": check_timeout,
+    "rebound": check_rebound,
 }
 
 
