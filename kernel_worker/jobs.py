@@ -78,12 +78,24 @@ class JobQueue:
 
     def __init__(self, *, max_queued: int, ttl_seconds: float) -> None:
         self._jobs: dict[str, Job] = {}
+        self._left = asyncio.Event()  # set whenever a job leaves (collected or expired)
         self._max_queued = max_queued
         self._ttl_seconds = ttl_seconds
 
     @property
     def queued(self) -> int:
         return sum(1 for job in self._jobs.values() if job.state is JobState.QUEUED)
+
+    @property
+    def uncollected(self) -> int:
+        """Jobs answered ``202`` that ended and wait for a poll to collect their result."""
+        return sum(1 for job in self._jobs.values() if job.handed_off and job.done.is_set())
+
+    async def collected(self) -> None:
+        """Wait until no ended job answered ``202`` waits for its poll any more."""
+        while self.uncollected:
+            self._left.clear()
+            await self._left.wait()
 
     def position(self, job: Job) -> int | None:
         """1-based place in line of a queued job (None once it runs)."""
@@ -149,6 +161,7 @@ class JobQueue:
         """
         if self._jobs.pop(job.job_id, None) is None:
             return False
+        self._left.set()
         if job._expiry is not None:
             job._expiry.cancel()
         return True
@@ -160,6 +173,7 @@ class JobQueue:
         """
         if self._jobs.pop(job.job_id, None) is None:
             return
+        self._left.set()
         if job._expiry is not None:
             job._expiry.cancel()
         _remove_run_dir(job)

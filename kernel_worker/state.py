@@ -76,13 +76,13 @@ class WorkerState:
             self.idle.set()
 
     async def drain(self, timeout_seconds: float, stop: asyncio.Event | None = None) -> bool:
-        """Refuse new executions; wait for those admitted to end, for at most
-        ``timeout_seconds`` and not after ``stop`` is set. True if they did end."""
+        """Refuse new executions; wait for those admitted to end, and for the results of
+        those answered ``202`` to be collected, for at most ``timeout_seconds`` and not after
+        ``stop`` is set. True if nothing was left running or uncollected."""
         self.draining = True
-        if not self.executions:
+        if self.settled:
             return True
-        self.idle.clear()
-        waits = {asyncio.ensure_future(self.idle.wait())}
+        waits: set[asyncio.Future[object]] = {asyncio.ensure_future(self._settle())}
         if stop is not None:
             waits.add(asyncio.ensure_future(stop.wait()))
         try:
@@ -90,7 +90,17 @@ class WorkerState:
         finally:
             for wait in waits:
                 wait.cancel()
-        return self.idle.is_set()
+        return self.settled
+
+    @property
+    def settled(self) -> bool:
+        return not self.executions and not self.jobs.uncollected
+
+    async def _settle(self) -> None:
+        if self.executions:
+            self.idle.clear()
+            await self.idle.wait()
+        await self.jobs.collected()  # a poll collects each (Strata's client polls every 1 s)
 
     def cancel_all(self) -> int:
         """Cancel every admitted execution (a drain that ran out of time); how many."""

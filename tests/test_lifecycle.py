@@ -65,6 +65,32 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         w.stop()
 
 
+def test_the_drain_waits_for_a_queued_jobs_result_to_be_collected(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2", "--drain-seconds", "30"
+    )
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            running = Background(c, "import time\ntime.sleep(1.5)\nfirst = 1")
+            wait_active(c)
+            accepted = execute(c, "queued = 2")  # no kernel free: answered 202
+            assert accepted.status_code == 202, accepted.text
+            job_url = accepted.json()["job_url"]
+            w.proc.send_signal(signal.SIGTERM)
+            assert read_bundle(running.response()).variables["first"]["preview"] == 1
+            deadline = time.monotonic() + 20
+            while (poll := c.get(job_url)).headers["content-type"] != "application/x-tar":
+                assert poll.json()["state"] in ("queued", "running"), poll.text
+                assert time.monotonic() < deadline
+                time.sleep(0.3)  # a client polls now and then: the worker waits for it
+        assert read_bundle(poll).variables["queued"]["preview"] == 2
+        assert w.proc.wait(timeout=30) == 0
+    finally:
+        w.stop()
+
+
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_cuts_the_drain_short(
     tmp_path_factory: pytest.TempPathFactory, second: signal.Signals
