@@ -23,7 +23,9 @@ from .messages import decode
 log = logging.getLogger(__name__)
 
 Deliver = Callable[[str, dict[str, Any]], None]
-"""Receives ``(channel name, message)`` for every message read."""
+"""Receives ``(channel name, message)`` for every message read; for one that could not be
+read, ``(UNREADABLE, {"channel": name})``."""
+UNREADABLE = "unreadable"
 
 _RECONNECT_MS = 10
 _BATCH = 64  # messages read per wake-up before yielding to the rest of the loop
@@ -76,6 +78,8 @@ class _Reader:
                 msg = decode(frames, self._auth)
             except (ValueError, TypeError, UnicodeDecodeError):
                 log.warning("a kernel sent an unreadable %s message", self.name)
+                # what it said is lost (a reply, a status, an output): its reader decides
+                self._deliver(UNREADABLE, {"channel": self.name})
                 continue
             self._deliver(self.name, msg)
         self._loop.call_soon(self.drain)

@@ -60,6 +60,6 @@ class KernelNoReply(KernelDied):
     """The kernel went idle without replying to the request: its handler for it failed (a
     cell broke the kernel's own machinery). The process lives, but it is retired as dead."""
 
-    def __init__(self) -> None:
-        ExecutionError.__init__(self, "kernel went idle without replying to the request")
+    def __init__(self, message: str = "kernel went idle without replying to the request") -> None:
+        ExecutionError.__init__(self, message)
         self.exit_code = None

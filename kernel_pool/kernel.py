@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from .channels import KernelChannels
+from .channels import UNREADABLE, KernelChannels
 from .config import PoolConfig
 from .errors import (
     ExecutionTimeout,
@@ -85,6 +85,16 @@ _ids = itertools.count(1)
 # an execution's idle status without its reply: how long the reply may still take (it is
 # sent first, on another socket) before the kernel counts as broken
 _NO_REPLY_GRACE_SECONDS = 2.0
+_LOST_OUTPUT = (
+    "[strata-kernel-worker] an output of this cell was lost: the kernel sent it in a form "
+    "that could not be read (did the cell change how json encodes?)\n"
+)
+
+
+def _why_no_answer(answer: Mapping[str, Any] | None, unreadable: int) -> str:
+    if answer is None:
+        return "kernel went idle without replying to the request"
+    return f"kernel replied, then its idle status was lost among {unreadable} unreadable messages"
 _IOPUB_GRACE_SECONDS = 0.25  # after a kernel_info reply, how long its idle status may take
 
 OutputCallback = Callable[[Output], None]
@@ -242,6 +252,10 @@ class Kernel:
             if channel == "died":
                 raise KernelStartError(
                     f"kernel {self.kernel_id} exited during start-up (exit status {msg})"
+                )
+            if channel == UNREADABLE:
+                raise KernelStartError(
+                    f"kernel {self.kernel_id} sent an unreadable {msg['channel']} message"
                 )
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue
@@ -424,40 +438,53 @@ class Kernel:
     ) -> Mapping[str, Any]:
         answer: Mapping[str, Any] | None = None if reply else {}
         idle = False
-        no_reply_by = math.inf  # once idle: the reply, sent before it, is due at once
+        unreadable = 0  # IOPub messages lost: any could have been the idle status
+        # once idle, the reply (sent before it) is due at once; once replied after a lost
+        # message, so is the idle status
+        quiet_by = math.inf
         while answer is None or not idle:
             now = time.monotonic()
-            if now >= no_reply_by:
-                raise KernelNoReply
+            if now >= quiet_by:
+                raise KernelNoReply(_why_no_answer(answer, unreadable))
             remaining = deadline - now
             if remaining <= 0:
                 raise TimeoutError
             # Which limit the wait is for is decided here, not by the clock after it: a
             # loop's timer may fire a little before time.monotonic() reaches its time
             # (uvloop's clock is cached, in milliseconds).
-            for_the_reply = no_reply_by - now < remaining
+            for_the_grace = quiet_by - now < remaining
             try:
                 channel, msg = await asyncio.wait_for(
-                    self._events.get(), min(remaining, no_reply_by - now)
+                    self._events.get(), min(remaining, quiet_by - now)
                 )
             except TimeoutError:
-                if for_the_reply:
-                    raise KernelNoReply from None
+                if for_the_grace:
+                    raise KernelNoReply(_why_no_answer(answer, unreadable)) from None
                 raise
             if channel == "died":
                 self._events.put_nowait((channel, msg))  # stays visible to later calls
                 raise KernelDied(msg)
+            if channel == UNREADABLE:
+                if msg["channel"] == "shell":  # the reply: nothing else comes on that socket
+                    raise KernelNoReply("kernel sent an unreadable reply")
+                unreadable += 1  # what was lost is said where the cell's output goes
+                sink(Output("stream", {"name": "stderr", "text": _LOST_OUTPUT}, ()))
+                if answer is not None:
+                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
+                continue
             if msg.get("parent_header", {}).get("msg_id") != msg_id:
                 continue  # left over from an earlier, abandoned execution
             msg_type = msg["header"]["msg_type"]
             if channel == "shell":
                 answer = msg["content"]
+                if unreadable:
+                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
             elif msg_type == RESET_MSG_TYPE:  # the reset ran before the reply: keep it
                 self._reset_verdicts[msg_id] = InlineReset.from_content(msg["content"])
             elif msg_type == "status":
                 idle = msg["content"].get("execution_state") == "idle"
-                if idle and answer is None and no_reply_by == math.inf:
-                    no_reply_by = time.monotonic() + _NO_REPLY_GRACE_SECONDS
+                if idle and answer is None:
+                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
             elif msg_type != "execute_input":
                 sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
         return answer
@@ -505,7 +532,7 @@ class Kernel:
                 channel, msg = await asyncio.wait_for(self._events.get(), remaining)
             except TimeoutError:
                 return None
-            if channel == "died":
+            if channel in ("died", UNREADABLE):  # the full reset decides (and finds it too)
                 self._events.put_nowait((channel, msg))
                 return None
             parent = msg.get("parent_header", {}).get("msg_id")

@@ -888,6 +888,36 @@ def test_a_cell_that_breaks_the_kernels_reply_is_a_502_not_a_timeout(solo: httpx
 
 
 @pytest.mark.parametrize(
+    "breaker",
+    [
+        "import json\njson.JSONEncoder.item_separator = ';'",
+        "import json\njson.JSONEncoder.encode = lambda self, o: '{bad'",
+    ],
+    ids=["separator", "encode"],
+)
+def test_a_cell_that_garbles_the_kernels_messages_is_a_502_not_a_timeout(
+    solo: httpx.Client, breaker: str
+) -> None:
+    """Every message the kernel sends after the cell is unreadable (its reply and its idle
+    status among them): a 502 at once, not a 408 after the cell's whole timeout."""
+    response = execute(solo, breaker, timeout_seconds=60)
+    assert response.status_code == 502, response.text
+    assert "stopped answering" in response.json()["detail"]
+    assert run_ok(solo, "x = 1").variables["x"]["preview"] == 1
+
+
+def test_an_output_the_kernel_could_not_send_readably_is_said_to_be_lost(
+    solo: httpx.Client,
+) -> None:
+    """json.dumps patched for the cell's own run: its last expression's result went out
+    unreadable (the kernel's reply, sent after the patch was undone, is fine). It was
+    dropped without a word."""
+    bundle = run_ok(solo, "import json\njson.dumps = lambda *a, **k: 'patched'\n42")
+    assert "an output of this cell was lost" in bundle.stderr()
+    assert run_ok(solo, "import json\nr = json.dumps([1])").variables["r"]["preview"] == "[1]"
+
+
+@pytest.mark.parametrize(
     ("change", "probe", "seen"),
     [
         ("get_ipython().run_cell = lambda *a, **k: None", "r = 2", 2),
