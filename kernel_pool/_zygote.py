@@ -20,7 +20,7 @@ Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
 A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
 its pid and exits. The orphaned kernel is adopted by the pool's process (a child
 subreaper while it waits for the reply), so it is that process's child, exactly like a
-spawned kernel: it is reaped there, watches that process (lifeline, ``JPY_PARENT_PID``),
+spawned kernel: it is reaped there, watches that process (the lifeline),
 and outlives this one. Each kernel leads its own session. This process exits when the
 pool's end of the socket closes. It never starts a thread or an event loop, so forking is
 safe: nothing here may import something that does.
@@ -142,9 +142,7 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         os.environ.update(request["env"])
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         sys.modules["_kernel_pool_agent"] = agent
-        # its default was read from the environment when this process imported ipykernel
-        parent = request["env"].get("JPY_PARENT_PID", "0")
-        argv = [*request["argv"], f"--IPKernelApp.parent_handle={parent}"]
+        argv = request["argv"]  # parent_handle=0 among them: the lifeline watches the pool
         kernelapp = sys.modules["ipykernel.kernelapp"]
         before_app = getattr(agent, "before_kernel_app", None)
         if before_app is not None:

@@ -80,6 +80,10 @@ _KERNEL_ARGS = (
     # stop reading at the reply; the pool reads until the IOPub idle status, which comes after
     # every output of the execution, so the sleep only adds latency
     "--Kernel._execute_sleep=0",
+    # no ipykernel parent poller: when the pool's process dies it exits the kernel alone,
+    # leaving the cell's processes behind, and it raced the lifeline, which takes the
+    # kernel's whole process group down (see _inkernel._start_lifeline)
+    "--IPKernelApp.parent_handle=0",
 )
 _ids = itertools.count(1)
 # an execution's idle status without its reply: how long the reply may still take (it is

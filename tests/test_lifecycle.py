@@ -131,6 +131,11 @@ def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
     w = start_worker(tmp_path_factory, "--pool-size", "2")
     kernels = w.remember_kernels()
     with httpx.Client(base_url=w.url, timeout=5) as c:
+        # ipykernel's own watch of the worker exits a kernel alone, before the lifeline can
+        # take its process group down: it raced the lifeline and left the cell's processes
+        watchers = "import threading\nn = [type(t).__name__ for t in threading.enumerate()]"
+        names = read_bundle(execute(c, watchers)).variables["n"]["preview"]
+        assert "ParentPollerUnix" not in names
         holder = threading.Thread(
             target=lambda: _ignore_errors(
                 lambda: execute(
