@@ -142,7 +142,7 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         os.environ.update(request["env"])
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         sys.modules["_kernel_pool_agent"] = agent
-        argv = request["argv"]  # parent_handle=0 among them: the lifeline watches the pool
+        argv = request["argv"]  # parent_handle=1 among them: the lifeline watches the pool
         kernelapp = sys.modules["ipykernel.kernelapp"]
         before_app = getattr(agent, "before_kernel_app", None)
         if before_app is not None:

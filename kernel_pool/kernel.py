@@ -82,8 +82,10 @@ _KERNEL_ARGS = (
     "--Kernel._execute_sleep=0",
     # no ipykernel parent poller: when the pool's process dies it exits the kernel alone,
     # leaving the cell's processes behind, and it raced the lifeline, which takes the
-    # kernel's whole process group down (see _inkernel._start_lifeline)
-    "--IPKernelApp.parent_handle=0",
+    # kernel's whole process group down (see _inkernel._start_lifeline). ipykernel starts
+    # none for a parent that is PID 1 (which never goes away), and with a parent (unlike
+    # 0) it does not print how to connect to the kernel.
+    "--IPKernelApp.parent_handle=1",
 )
 _ids = itertools.count(1)
 # an execution's idle status without its reply: how long the reply may still take (it is
