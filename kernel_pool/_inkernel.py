@@ -278,6 +278,9 @@ def _restore_core_modules():
         snapshot.restore(_baseline["modules"][name].__dict__, exact=name == "builtins")
 
 
+_MODULE = type(sys)
+
+
 def _restore_interpreter(problems):
     """Undo monkeypatches of core modules, sys hooks, sys.modules and fds 0-2."""
     _restore_core_modules()
@@ -291,10 +294,21 @@ def _restore_interpreter(problems):
     # a finder a cell put there would run later requests' imports; any other is rebuilt
     _baseline["importer_cache"].restore(sys.path_importer_cache, exact=True)
     modules = sys.modules
+    baseline = _baseline["modules"]
     if not _baseline["module_table"].unchanged(modules, exact=False):
-        for name, module in _baseline["modules"].items():
+        for name, module in baseline.items():
             if modules.get(name, _MISSING) is not module:
                 modules[name] = module
+    if len(modules) != len(baseline):  # what cells imported since stays, but not stand-ins:
+        # one a cell put where a module is imported from (a mock of a heavy library) would
+        # answer later requests' imports, and so would what imported it meanwhile
+        stand_ins = sorted(
+            name
+            for name, value in list(modules.items())
+            if not isinstance(value, _MODULE) and baseline.get(name, _MISSING) is not value
+        )
+        if stand_ins:
+            problems.append(f"sys.modules holds stand-ins for modules: {', '.join(stand_ins[:5])}")
     _restore_std_fds(problems)
 
 

@@ -359,7 +359,8 @@ def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerPr
     first, second = os.urandom(3 * MB), os.urandom(3 * MB)
     with httpx.Client(base_url=reuse_worker.url, timeout=60) as client:
         # a pyarrow table input points into its file; sys.modules keeps it past the request
-        keep = "import sys, types\nsys.modules['_skw_kept'] = types.SimpleNamespace(table=t)\n"
+        keep = "import sys, types\nsys.modules['_skw_kept'] = types.ModuleType('kept')\n" \
+            "sys.modules['_skw_kept'].table = t\n"
         bundle = run_ok(client, _INODE + keep + "del sys, types",
                         [_blob_input("t", first, _TABLE)])  # fmt: skip
         kept = {p.stat().st_ino for p in _settled(reuse_worker)}
