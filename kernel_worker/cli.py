@@ -41,6 +41,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (0-65535), got {value}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     value = int(text)
     if value < 0:
@@ -95,7 +102,7 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         str,
         "address to bind (default 127.0.0.1; 0.0.0.0 when a token is set)",
     ),
-    ("--port", f"{ENV_PREFIX}PORT", int, f"port to bind (default {DEFAULT_PORT})"),
+    ("--port", f"{ENV_PREFIX}PORT", _port, f"port to bind (default {DEFAULT_PORT})"),
     (
         "--connect",
         f"{ENV_PREFIX}CONNECT",
@@ -252,7 +259,7 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
     (
         "--metrics-port",
         f"{ENV_PREFIX}METRICS_PORT",
-        int,
+        _port,
         "also serve Prometheus /metrics without a token on this port (default: only the "
         "token-gated /metrics route)",
     ),

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import shutil
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -240,8 +241,9 @@ def _features() -> dict[str, object]:
 
 
 def _free_slots(state: WorkerState) -> int:
-    busy = set(state.pool.stats().busy_slots)
-    return sum(1 for slot in set(state.settings.gpu_slots) if slot not in busy)
+    """Slots no lease holds; an id listed twice (two kernels sharing a GPU) counts twice."""
+    busy = Counter(state.pool.stats().busy_slots)
+    return sum((Counter(state.settings.gpu_slots) - busy).values())
 
 
 @protected.post(

@@ -80,7 +80,8 @@ def test_file_reuse_budget_from_the_flag_or_the_environment_and_zero_turns_it_of
     "argv",
     [["--file-reuse-bytes", "-1"], ["--file-reuse-bytes", "lots"], ["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
      ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"],
-     ["--heartbeat-seconds", "0"], ["--heartbeat-seconds", "-5"], ["--heartbeat-seconds", "inf"]],
+     ["--heartbeat-seconds", "0"], ["--heartbeat-seconds", "-5"], ["--heartbeat-seconds", "inf"],
+     ["--port", "70000"], ["--port", "-1"], ["--metrics-port", "65536"]],
 )  # fmt: skip
 def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:

@@ -527,6 +527,22 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
         assert health["gpu_slots"] == 2 and health["free_gpu_slots"] == 2
 
 
+def test_a_gpu_listed_twice_is_two_slots(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Two kernels sharing one GPU: /health counts each slot, busy or free."""
+    w = start_worker(tmp_path_factory, "--gpu-slots", "0,0", "--queue-wait", "30")
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            health = c.get("/health").json()
+            assert (health["gpu_slots"], health["free_gpu_slots"]) == (2, 2)
+            cell = "import time, os\ntime.sleep(1)\ngpu = os.environ['CUDA_VISIBLE_DEVICES']"
+            running = Background(c, cell)
+            wait_active(c)
+            assert c.get("/health").json()["free_gpu_slots"] == 1
+            assert read_bundle(running.response()).variables["gpu"]["preview"] == "0"
+    finally:
+        w.stop()
+
+
 def test_input_cap_is_413(guarded: WorkerProcess) -> None:
     auth = {"Authorization": "Bearer s3cret-token"}
     with httpx.Client(base_url=guarded.url, timeout=60, headers=auth) as c:
