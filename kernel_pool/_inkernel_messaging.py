@@ -19,7 +19,8 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
   thread has sent the idle status (it waited for the GIL while the reset held it, a
   millisecond or more).
 - :func:`before_kernel_app` (in a forked kernel, before ipykernel's application starts)
-  has the main thread read shell requests itself. ipykernel 7 reads them in a thread of
+  keeps colours from being forced on the cells' processes, and has the main thread read
+  shell requests itself. ipykernel 7 reads them in a thread of
   their own, to route them to subshells, and hands each request and each reply between the
   two threads: two thread hand-offs per request, ~0.5 ms of CPU and a tenth of a trivial
   cell's round trip on a 2-core machine. The pool never opens a subshell.
@@ -79,6 +80,32 @@ def _passed_on(pipe, stream, thread):
 
 
 def before_kernel_app():
+    """Prepare ipykernel in a forked kernel before its application starts."""
+    _plain_environment()
+    _no_shell_channel_thread()
+
+
+def _plain_environment():
+    """Keep ipykernel from forcing colours on what the cells' processes print.
+
+    For a notebook frontend it sets ``TERM=xterm-color``, ``CLICOLOR``, ``FORCE_COLOR`` and
+    ``CLICOLOR_FORCE``: pip, pytest or rich run by a cell then wrote ANSI escapes into the
+    output, which here is plain text, as in the reference's cell process. Its pager settings
+    (``PAGER``/``GIT_PAGER=cat``) stay: nothing here can answer a pager.
+    """
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:
+        return
+
+    def init_environment(self):
+        os.environ["PAGER"] = "cat"
+        os.environ["GIT_PAGER"] = "cat"
+
+    ZMQInteractiveShell.init_environment = init_environment
+
+
+def _no_shell_channel_thread():
     """Keep ipykernel 7's shell-channel thread from starting in this kernel.
 
     Its application creates the thread with the sockets; the kernel then reads the shell

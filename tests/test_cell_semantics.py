@@ -5,6 +5,7 @@ strict JSON even when a value is NaN."""
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -491,3 +492,11 @@ def test_a_name_bound_to_the_object_it_already_held_is_an_output(
             assert set(again.variables) == {"w"}
     finally:
         w.stop()
+
+
+def test_the_cells_processes_are_not_told_to_print_colours(client: httpx.Client) -> None:
+    """ipykernel sets these for a notebook frontend; here output is plain text, as in the
+    reference's cell process (pip's errors came back wrapped in ANSI escapes)."""
+    names = ("FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM")
+    bundle = run_ok(client, f"import os\nseen = [os.environ.get(k) for k in {names!r}]")
+    assert bundle.variables["seen"]["preview"] == [None, None, None, os.environ.get("TERM")]
