@@ -500,3 +500,16 @@ def test_the_cells_processes_are_not_told_to_print_colours(client: httpx.Client)
     names = ("FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "TERM")
     bundle = run_ok(client, f"import os\nseen = [os.environ.get(k) for k in {names!r}]")
     assert bundle.variables["seen"]["preview"] == [None, None, None, os.environ.get("TERM")]
+
+
+def test_what_rich_prints_is_stdout_text_not_a_display(client: httpx.Client) -> None:
+    """rich takes a kernel for a notebook and prints through displays, which Strata cannot
+    show; the reference's cell process gets the text on stdout."""
+    pytest.importorskip("rich")
+    source = (
+        "from rich import print as rprint\nfrom rich.console import Console\n"
+        "rprint('[bold red]alert[/bold red] done')\nConsole().print({'a': 1})"
+    )
+    bundle = run_ok(client, source)
+    assert bundle.stdout() == "alert done\n{'a': 1}\n"
+    assert bundle.manifest["displays"] == [] and "_" not in bundle.variables

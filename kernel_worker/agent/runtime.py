@@ -14,6 +14,7 @@ import io
 import json
 import os
 import pathlib
+import re
 import sys
 import warnings
 
@@ -63,10 +64,36 @@ def _current():
 
 def display(*objs, **kwargs):
     """IPython's ``display`` that also records the objects for the reference's display view."""
+    if any(_is_rich_print(obj) for obj in objs):
+        objs = _printed_as_text(objs)
+        if not objs:
+            return None
     run = _current()
     if run is not None and run.recording and not kwargs.get("raw"):
         run.displays.extend(obj for obj in objs if obj is not None)
     return _state["display"](*objs, **kwargs)
+
+
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+
+
+def _is_rich_print(obj):
+    kind = type(obj)
+    return kind.__name__ == "JupyterRenderable" and kind.__module__ == "rich.jupyter"
+
+
+def _printed_as_text(objs):
+    """rich takes a kernel for a notebook and sends what it prints (``rich.print``, a
+    ``Console``, a ``RichHandler``) as a display, which Strata cannot show, and the text was
+    missing from stdout. It goes to stdout, as in the reference's cell process."""
+    kept = []
+    for obj in objs:
+        text = getattr(obj, "text", None) if _is_rich_print(obj) else None
+        if isinstance(text, str):  # styled for a notebook: plain, as rich writes to a pipe
+            sys.stdout.write(_ANSI_ESCAPE.sub("", text))
+        else:
+            kept.append(obj)
+    return kept
 
 
 @dataclasses.dataclass(frozen=True)
