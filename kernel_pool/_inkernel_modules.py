@@ -13,6 +13,7 @@ imported stay: the library stays imported and would not add them again.
 """
 
 import contextlib
+import copyreg
 import functools
 import os
 import random
@@ -186,7 +187,26 @@ def _stdlib_settings():
         "stack size": threading.stack_size(),
         "loop": _loop_settings(_kernel_loop()),
         "loop policy": _loop_policy(),
+        "reducers": dict(copyreg.dispatch_table),
     }
+
+
+def _restore_reducers(baseline):
+    """Pickling of builtin types, and of the classes cells define, as at baseline.
+
+    A reducer a cell registered (``copyreg.pickle(complex, ...)``) would rewrite every later
+    request's pickled output. One a library registered for its own types as a cell first
+    imported it stays with the library.
+    """
+    table = copyreg.dispatch_table
+    if table == baseline:
+        return
+    for kind, reducer in baseline.items():
+        if table.get(kind) is not reducer:
+            table[kind] = reducer
+    for kind in [k for k in table if k not in baseline]:
+        if getattr(kind, "__module__", None) in ("builtins", "__main__"):
+            del table[kind]
 
 
 def _kernel_loop():
@@ -220,6 +240,7 @@ def _restore_stdlib(problems):
         tempfile.tempdir = recorded["tempdir"]
     if threading.stack_size() != recorded["stack size"]:
         threading.stack_size(recorded["stack size"])
+    _restore_reducers(recorded["reducers"])
     faulthandler = sys.modules.get("faulthandler")
     if faulthandler is not None:  # a traceback dump (and exit) timed to land in a later request
         faulthandler.cancel_dump_traceback_later()

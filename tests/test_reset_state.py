@@ -35,6 +35,10 @@ class Case:
 
 
 CASES = {
+    "pickle reducers": Case(
+        "import copyreg\ncopyreg.pickle(complex, lambda c: (str, ('HIJACKED',)))",
+        "import pickle\nprint(pickle.loads(pickle.dumps(1 + 2j)))",
+    ),
     "warnings filter": Case(
         "import warnings; warnings.simplefilter('error')",
         "import warnings; warnings.warn('careful'); print('went on')",
