@@ -6,7 +6,8 @@ by the pool. Starting a kernel from a fresh interpreter spends most of its time 
 ipykernel, IPython, ZMQ and tornado; a fork of this process starts with all of that in
 memory, so a kernel is ready in a fraction of the time and with a fraction of the CPU.
 
-Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time:
+Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time (a request is
+zlib-compressed JSON, a reply plain JSON):
 
 - request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare"}``.
   ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
@@ -38,6 +39,7 @@ import os
 import socket
 import sys
 import types
+import zlib
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
@@ -207,7 +209,7 @@ def _serve(sock: socket.socket) -> None:
             return  # the pool closed its end: stop
         request_id = None
         try:
-            request = json.loads(data)
+            request = json.loads(zlib.decompress(data))
             request_id = request.get("id")
             agent = _agent(request["agent"])
             _prepare(request.get("prepare") or "")

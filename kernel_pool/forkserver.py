@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -333,7 +334,9 @@ class ForkServer:
         request["env"]["JPY_PARENT_PID"] = str(os.getpid())
         loop = asyncio.get_running_loop()
         try:
-            await loop.sock_sendall(sock, json.dumps(request).encode())
+            # one datagram: compressed, as the sources it carries (the agent, the setup code)
+            # outgrew what a socket buffer takes at its default size (212992 bytes)
+            await loop.sock_sendall(sock, zlib.compress(json.dumps(request).encode(), 1))
             while True:
                 remaining = max(0.0, deadline - time.monotonic())
                 data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
