@@ -56,6 +56,8 @@ class Job:
     task: asyncio.Task[None] | None = None
     handed_off: bool = False
     """Answered ``202``: its result waits for a poll, its submitter is gone."""
+    polled_at: float | None = None
+    """When a client last polled it (monotonic), if ever."""
     _expiry: asyncio.TimerHandle | None = None
     _run_dir_removed: bool = False
 
@@ -70,6 +72,8 @@ class Job:
 
 
 Runner = Callable[[Job], Awaitable[JobResult]]
+POLLING_SECONDS = 5.0
+"""A job polled this recently has a client still after it (Strata's client polls every 1 s)."""
 _WAITING = (JobState.QUEUED, JobState.PROVISIONING)
 
 
@@ -88,14 +92,24 @@ class JobQueue:
 
     @property
     def uncollected(self) -> int:
-        """Jobs answered ``202`` that ended and wait for a poll to collect their result."""
-        return sum(1 for job in self._jobs.values() if job.handed_off and job.done.is_set())
+        """Ended jobs answered ``202`` whose client is polling for the result: one polled
+        within :data:`POLLING_SECONDS` (a job nobody polls any more was abandoned)."""
+        recently = time.monotonic() - POLLING_SECONDS
+        return sum(
+            1
+            for job in self._jobs.values()
+            if job.handed_off
+            and job.done.is_set()
+            and job.polled_at is not None
+            and job.polled_at >= recently
+        )
 
     async def collected(self) -> None:
-        """Wait until no ended job answered ``202`` waits for its poll any more."""
+        """Wait until no ended job answered ``202`` is being polled for any more."""
         while self.uncollected:
             self._left.clear()
-            await self._left.wait()
+            with contextlib.suppress(TimeoutError):  # its poller may also just stop
+                await asyncio.wait_for(self._left.wait(), POLLING_SECONDS / 5)
 
     def position(self, job: Job) -> int | None:
         """1-based place in line of a queued job (None once it runs)."""

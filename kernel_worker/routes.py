@@ -353,6 +353,7 @@ async def poll_job(job_id: str, request: Request) -> Response:
     job = state.jobs.get(job_id)
     if job is None:
         raise NotFound("Unknown or expired job")
+    job.polled_at = time.monotonic()  # someone is still after it (a drain waits for them)
     if job.done.is_set():
         return _deliver(state, job, polled=True)
     body: dict[str, object] = {"state": job.state.value}

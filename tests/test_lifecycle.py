@@ -91,6 +91,28 @@ def test_the_drain_waits_for_a_queued_jobs_result_to_be_collected(
         w.stop()
 
 
+def test_a_result_nobody_polls_for_does_not_hold_the_drain(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0", "--drain-seconds", "60"
+    )
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            accepted = execute(c, "x = 1")  # answered 202 at once; its client never polls
+            assert accepted.status_code == 202, accepted.text
+            deadline = time.monotonic() + 20
+            while c.get("/health").json()["active_executions"]:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        signalled = time.monotonic()
+        w.proc.send_signal(signal.SIGTERM)
+        assert w.proc.wait(timeout=30) == 0
+        assert time.monotonic() - signalled < 20  # not the drain's 60 s
+    finally:
+        w.stop()
+
+
 @pytest.mark.parametrize("second", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_second_signal_cuts_the_drain_short(
     tmp_path_factory: pytest.TempPathFactory, second: signal.Signals
