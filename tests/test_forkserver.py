@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import ctypes
 import json
 import os
@@ -13,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 
@@ -21,8 +23,9 @@ from bench.soak import zombies
 from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig, PreloadError
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 
-from .conftest import alive, wait_gone
+from .conftest import alive, start_worker, wait_gone
 from .test_pool import run, settle
+from .wire import run_ok
 
 
 def children_of(pid: int) -> set[int]:
@@ -391,3 +394,20 @@ def test_a_pid_used_again_is_never_taken_for_a_stray() -> None:
     finally:
         del forkserver._killed_with_kernels[child.pid]
     assert child.wait(10) == 7
+
+
+def test_a_worker_with_a_large_environment_forks_its_kernels(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """The request to fork a kernel carries the environment and the in-kernel sources in one
+    datagram: 213 KB of them once outgrew the socket's default buffer (EMSGSIZE)."""
+    # 128 KB that do not compress much, in variables of 32 KB (one string's limit is 128 KB)
+    big = {f"BIG_SETTING_{i}": base64.b64encode(os.urandom(24 * 1024)).decode() for i in range(4)}
+    w = start_worker(tmp_path_factory, "--pool-size", "1", env=big)
+    try:
+        with httpx.Client(base_url=w.url, timeout=60) as c:
+            source = f"import os\nsizes = [len(os.environ[name]) for name in {sorted(big)!r}]"
+            bundle = run_ok(c, source)
+        assert bundle.variables["sizes"]["preview"] == [len(big[name]) for name in sorted(big)]
+    finally:
+        w.stop()
