@@ -151,28 +151,32 @@ def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     w = start_worker(tmp_path_factory, "--pool-size", "2")
-    kernels = w.remember_kernels()
-    with httpx.Client(base_url=w.url, timeout=5) as c:
-        # ipykernel's own watch of the worker exits a kernel alone, before the lifeline can
-        # take its process group down: it raced the lifeline and left the cell's processes
-        watchers = "import threading\nn = [type(t).__name__ for t in threading.enumerate()]"
-        names = read_bundle(execute(c, watchers)).variables["n"]["preview"]
-        assert "ParentPollerUnix" not in names
-        holder = threading.Thread(
-            target=lambda: _ignore_errors(
-                lambda: execute(
-                    c,
-                    "import subprocess, sys\n"
-                    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
-                    "import time\ntime.sleep(60)\n",
+    try:
+        kernels = w.remember_kernels()
+        with httpx.Client(base_url=w.url, timeout=5) as c:
+            # ipykernel's own watch of the worker exits a kernel alone, before the lifeline can
+            # take its process group down: it raced the lifeline and left the cell's processes
+            watchers = "import threading\nn = [type(t).__name__ for t in threading.enumerate()]"
+            names = read_bundle(execute(c, watchers)).variables["n"]["preview"]
+            assert "ParentPollerUnix" not in names
+            holder = threading.Thread(
+                target=lambda: _ignore_errors(
+                    lambda: execute(
+                        c,
+                        "import subprocess, sys\n"
+                        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+                        "import time\ntime.sleep(60)\n",
+                    )
                 )
             )
-        )
-        holder.start()
-        deadline = time.monotonic() + 10
-        while len(w.remember_kernels()) <= len(kernels):  # the cell's child appeared
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+            holder.start()
+            deadline = time.monotonic() + 10
+            while len(w.remember_kernels()) <= len(kernels):  # the cell's child appeared
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+    except BaseException:  # stopped here, not left behind, when a check before the kill fails
+        w.stop()
+        raise
     everything = w.remember_kernels()
     w.proc.send_signal(signal.SIGKILL)
     w.proc.wait(timeout=10)
