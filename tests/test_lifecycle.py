@@ -65,50 +65,32 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         w.stop()
 
 
-def test_the_drain_waits_for_a_queued_jobs_result_to_be_collected(
+def test_the_drain_waits_for_the_results_clients_poll_for_and_no_others(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     w = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2", "--drain-seconds", "30"
+        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2", "--drain-seconds", "60"
     )
     try:
         with httpx.Client(base_url=w.url, timeout=60) as c:
             running = Background(c, "import time\ntime.sleep(1.5)\nfirst = 1")
             wait_active(c)
-            accepted = execute(c, "queued = 2")  # no kernel free: answered 202
-            assert accepted.status_code == 202, accepted.text
-            job_url = accepted.json()["job_url"]
+            polled = execute(c, "queued = 2")  # no kernel free: answered 202
+            abandoned = execute(c, "dropped = 3")  # its client never polls
+            assert (polled.status_code, abandoned.status_code) == (202, 202), polled.text
+            signalled = time.monotonic()
             w.proc.send_signal(signal.SIGTERM)
             assert read_bundle(running.response()).variables["first"]["preview"] == 1
             deadline = time.monotonic() + 20
-            while (poll := c.get(job_url)).headers["content-type"] != "application/x-tar":
+            while (poll := c.get(polled.json()["job_url"])).headers[
+                "content-type"
+            ] != "application/x-tar":
                 assert poll.json()["state"] in ("queued", "running"), poll.text
                 assert time.monotonic() < deadline
                 time.sleep(0.3)  # a client polls now and then: the worker waits for it
         assert read_bundle(poll).variables["queued"]["preview"] == 2
         assert w.proc.wait(timeout=30) == 0
-    finally:
-        w.stop()
-
-
-def test_a_result_nobody_polls_for_does_not_hold_the_drain(
-    tmp_path_factory: pytest.TempPathFactory,
-) -> None:
-    w = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--queue-wait", "0", "--drain-seconds", "60"
-    )
-    try:
-        with httpx.Client(base_url=w.url, timeout=60) as c:
-            accepted = execute(c, "x = 1")  # answered 202 at once; its client never polls
-            assert accepted.status_code == 202, accepted.text
-            deadline = time.monotonic() + 20
-            while c.get("/health").json()["active_executions"]:
-                assert time.monotonic() < deadline
-                time.sleep(0.05)
-        signalled = time.monotonic()
-        w.proc.send_signal(signal.SIGTERM)
-        assert w.proc.wait(timeout=30) == 0
-        assert time.monotonic() - signalled < 20  # not the drain's 60 s
+        assert time.monotonic() - signalled < 30  # the abandoned result held nothing to 60 s
     finally:
         w.stop()
 
