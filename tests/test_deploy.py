@@ -29,6 +29,10 @@ def test_kubernetes_manifest() -> None:
     assert container["args"][container["args"].index("--metrics-port") + 1] == str(ports["metrics"])
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    # liveness checks wait for start-up, which a preload may make last minutes
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == "/health"
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
     assert kinds["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
     metric = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric == "strata_kernel_worker_active_executions"
