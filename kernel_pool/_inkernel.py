@@ -104,17 +104,36 @@ def _forbid_tracing_when_unprivileged():
         pass
 
 
+_ADOPTION_SECONDS = 2.0
+
+
 def _start_lifeline():
     """If the pool's process dies (even by SIGKILL), take this kernel's whole process group
-    down with it within about half a second: no orphaned cell processes holding GPUs."""
+    down with it within about half a second: no orphaned cell processes holding GPUs.
+
+    The pool's process is the one ``JPY_PARENT_PID`` names (the pool and jupyter_client set
+    it to the process that starts the kernel, which is its parent): a kernel whose pool died
+    while it was starting (its preload running) was adopted by another process before this
+    ran, and watching that one it outlived its pool for good.
+    """
     if any(t.name == "kernel-pool-lifeline" for t in threading.enumerate()):
         return
-    parent = os.getppid()
+    try:
+        pool = int(os.environ.get("JPY_PARENT_PID") or 0)
+    except ValueError:
+        pool = 0
 
     def watch():
         import signal
         import time
 
+        parent = os.getppid()
+        if pool > 1 and parent != pool:
+            # the fork server's go-between may still be exiting: give it a moment
+            settle_by = time.monotonic() + _ADOPTION_SECONDS
+            while os.getppid() != pool and time.monotonic() < settle_by:
+                time.sleep(0.05)
+            parent = pool
         while os.getppid() == parent:
             time.sleep(0.5)
         os.killpg(os.getpgid(0), signal.SIGKILL)

@@ -313,6 +313,40 @@ def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path: Path) -> None:
+    """The pool's process is killed while its kernel runs a slow preload: the kernel, adopted
+    by another process before its lifeline started, still exits (it watched its new parent,
+    for good)."""
+    script = (
+        "import asyncio\n"
+        "from kernel_pool import Pool, PoolConfig\n"
+        f"config = PoolConfig(size=1, runtime_dir={str(tmp_path)!r},\n"
+        "                    preload='import time\\ntime.sleep(3)')\n"
+        "asyncio.run(Pool(config).start())\n"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", script])
+    kernels: list[int] = []
+    try:
+        deadline = time.monotonic() + 20
+        while not kernels:  # the kernel exists (and sleeps in its preload)
+            assert time.monotonic() < deadline, "no kernel started"
+            kernels = [
+                p.pid for p in psutil.Process(owner.pid).children(recursive=True)
+                if "ipykernel" in " ".join(p.cmdline())
+            ]  # fmt: skip
+            time.sleep(0.05)
+        time.sleep(0.5)
+        owner.kill()
+        owner.wait(10)
+        wait_gone(kernels, 15, "a kernel outlived the pool that was starting it")
+    finally:
+        owner.kill()
+        owner.wait(10)
+        for pid in kernels:  # only if the test failed
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
 _FORK_SETUP = (
     "import os, sys, types\n"
     "prepared = types.ModuleType('prepared_here')\n"
