@@ -97,10 +97,12 @@ _LOST_OUTPUT = (
 )
 
 
-def _why_no_answer(answer: Mapping[str, Any] | None, unreadable: int) -> str:
+def _no_answer(answer: Mapping[str, Any] | None, unreadable: int) -> KernelNoReply:
     if answer is None:
-        return "kernel went idle without replying to the request"
-    return f"kernel replied, then its idle status was lost among {unreadable} unreadable messages"
+        return KernelNoReply()
+    return KernelNoReply(
+        f"kernel replied, then its idle status was lost among {unreadable} unreadable messages"
+    )
 _IOPUB_GRACE_SECONDS = 0.25  # after a kernel_info reply, how long its idle status may take
 
 OutputCallback = Callable[[Output], None]
@@ -451,7 +453,7 @@ class Kernel:
         while answer is None or not idle:
             now = time.monotonic()
             if now >= quiet_by:
-                raise KernelNoReply(_why_no_answer(answer, unreadable))
+                raise _no_answer(answer, unreadable)
             remaining = deadline - now
             if remaining <= 0:
                 raise TimeoutError
@@ -465,7 +467,7 @@ class Kernel:
                 )
             except TimeoutError:
                 if for_the_grace:
-                    raise KernelNoReply(_why_no_answer(answer, unreadable)) from None
+                    raise _no_answer(answer, unreadable) from None
                 raise
             if channel == "died":
                 self._events.put_nowait((channel, msg))  # stays visible to later calls

@@ -77,8 +77,8 @@ class WorkerState:
 
     async def drain(self, timeout_seconds: float, stop: asyncio.Event | None = None) -> bool:
         """Refuse new executions; wait for those admitted to end, and for the results of
-        those answered ``202`` to be collected, for at most ``timeout_seconds`` and not after
-        ``stop`` is set. True if nothing was left running or uncollected."""
+        those answered ``202`` that a client is polling for to be collected, for at most
+        ``timeout_seconds`` and not after ``stop`` is set. True if nothing was left."""
         self.draining = True
         if self.settled:
             return True
