@@ -175,9 +175,35 @@ def _lean_messaging():
             log.setLevel(quietest)
     for stream in (sys.stdout, sys.stderr):
         _skip_idle_flushes(stream)
+        _output_stays_with_the_cell(stream)
     _remember_signature_checks()
     _pack_lone_surrogates(getattr(kernel, "session", None))
     _hash_cells_in_c(getattr(_shell(), "compile", None))  # noqa: F821 (from _inkernel.py)
+
+
+def _output_stays_with_the_cell(stream):
+    """What the cell's processes write to file descriptors 1 and 2 reaches the cell only.
+
+    With ``capture_fd_output``, ipykernel's pipe reader also copies every byte it forwards
+    to the kernel's original stdout or stderr, which is the pool owner's own output (a
+    worker's log): a subprocess's output went there in full, uncapped, and raw lines broke
+    a JSON log. And the stream's ``fileno()`` names that original, so
+    ``subprocess.run(..., stdout=sys.stdout)`` or ``os.write(sys.stderr.fileno(), ...)``
+    wrote into the owner's output instead of the cell's. The copy now leads nowhere, and
+    ``fileno()`` names descriptor 1 or 2 itself: the pipe whose bytes reach the cell.
+    """
+    copy = getattr(stream, "_original_stdstream_copy", None)
+    target = getattr(stream, "_original_stdstream_fd", None)
+    if not isinstance(copy, int) or target not in (1, 2):
+        return
+    if getattr(stream, "watch_fd_thread", None) is None:
+        return  # not capturing (ipykernel skips it under pytest): fd 1 and 2 are the originals
+    devnull = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.dup2(devnull, copy, inheritable=False)
+    finally:
+        os.close(devnull)
+    stream.fileno = lambda: target
 
 
 def _hash_cells_in_c(compiler):

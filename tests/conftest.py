@@ -129,7 +129,7 @@ class WorkerProcess:
                "--port", str(self.port), "--run-dir", str(run_dir), "--log-level", "warning", *args]  # fmt: skip
         self.log_file = log_file
         stderr = open(log_file, "wb") if log_file is not None else None  # noqa: SIM115
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stderr=stderr)
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=stderr, stderr=stderr)
         if stderr is not None:
             stderr.close()
         self.kernel_pids: set[int] = set()
@@ -149,7 +149,7 @@ class WorkerProcess:
         raise TimeoutError("worker did not become healthy")
 
     def logs(self) -> str:
-        """What the worker logged so far (only when started with ``capture_logs``)."""
+        """What the worker wrote to stdout and stderr so far (only with ``capture_logs``)."""
         return self.log_file.read_text() if self.log_file is not None else ""
 
     def remember_kernels(self) -> set[int]:

@@ -82,6 +82,26 @@ def test_request_id_is_echoed_and_logged_without_source(observed: WorkerProcess)
     assert "do-not-log-me" not in observed.logs()
 
 
+def test_what_a_cells_processes_print_reaches_the_cell_and_not_the_log(
+    observed: WorkerProcess,
+) -> None:
+    source = (
+        "import os, subprocess, sys\n"
+        "os.system('echo fd-out-marker')\n"
+        "subprocess.run([sys.executable, '-c', 'print(\"child-\" + \"marker\")'],\n"
+        "               stdout=sys.stdout, check=True)\n"
+        "os.write(sys.stderr.fileno(), b'fd-err-marker\\n')\n"
+    )
+    with httpx.Client(base_url=observed.url, timeout=60, headers={"Authorization": "Bearer tok"}) as c:
+        bundle = run_ok(c, source)
+        run_ok(c, "x = 1")  # the kernel's pipe readers have long passed everything on
+    assert "fd-out-marker" in bundle.stdout() and "child-marker" in bundle.stdout()
+    assert "fd-err-marker" in bundle.stderr()
+    logs = observed.logs()
+    for marker in ("fd-out-marker", "child-marker", "fd-err-marker"):
+        assert marker not in logs, logs[-2000:]
+
+
 def test_openapi_documents_every_route_and_the_multipart_envelope(
     observed: WorkerProcess,
 ) -> None:
