@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -503,13 +505,26 @@ def test_the_cells_processes_are_not_told_to_print_colours(client: httpx.Client)
 
 
 def test_what_rich_prints_is_stdout_text_not_a_display(client: httpx.Client) -> None:
-    """rich takes a kernel for a notebook and prints through displays, which Strata cannot
-    show; the reference's cell process gets the text on stdout."""
+    """rich takes a kernel for a notebook: it printed through displays, which Strata cannot
+    show, and its progress bars and ``Live`` printed through a display that came back to
+    their own stand-in for ``sys.stdout``, forever (the cell hung until its timeout). The
+    cell's stdout is what the same code prints in a plain process, as the reference's."""
     pytest.importorskip("rich")
     source = (
         "from rich import print as rprint\nfrom rich.console import Console\n"
-        "rprint('[bold red]alert[/bold red] done')\nConsole().print({'a': 1})"
+        "from rich.live import Live\nfrom rich.progress import Progress, track\n"
+        "rprint('[bold red]alert[/bold red] done')\nConsole().print({'a': 1})\n"
+        "for i in track(range(3), description='work'):\n    pass\n"
+        "with Live('live-text'):\n    pass\n"
+        "with Progress() as progress:\n    progress.advance(progress.add_task('bar', total=2), 2)\n"
     )
-    bundle = run_ok(client, source)
-    assert bundle.stdout() == "alert done\n{'a': 1}\n"
+    in_a_process = subprocess.run(
+        [sys.executable, "-c", source], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "alert done" in in_a_process.stdout and "work" in in_a_process.stdout
+    bundle = run_ok(client, source, timeout_seconds=20)
+    assert bundle.stdout() == in_a_process.stdout
+    assert bundle.stderr() == in_a_process.stderr == ""
     assert bundle.manifest["displays"] == [] and "_" not in bundle.variables
+
+

@@ -82,18 +82,42 @@ def _is_rich_print(obj):
     return kind.__name__ == "JupyterRenderable" and kind.__module__ == "rich.jupyter"
 
 
+def _rich_as_in_a_process(module):
+    """rich takes a kernel for a notebook: it sent what it printed (``rich.print``, a
+    ``Console``, a ``RichHandler``) as displays, which Strata cannot show, and a progress bar
+    or ``Live`` wanted ipywidgets. Here it writes to stdout as in the reference's cell
+    process, a plain file: 80 columns, no colours, a progress bar's last state."""
+    if callable(getattr(module, "_is_jupyter", None)):
+        module._is_jupyter = _not_a_notebook
+
+
+def _not_a_notebook():
+    return False
+
+
 def _printed_as_text(objs):
-    """rich takes a kernel for a notebook and sends what it prints (``rich.print``, a
-    ``Console``, a ``RichHandler``) as a display, which Strata cannot show, and the text was
-    missing from stdout. It goes to stdout, as in the reference's cell process."""
+    """What a ``Console(force_jupyter=True)`` sends as a display goes to stdout as text, as in
+    the reference's cell process (see :func:`_rich_as_in_a_process`)."""
     kept = []
     for obj in objs:
         text = getattr(obj, "text", None) if _is_rich_print(obj) else None
         if isinstance(text, str):  # styled for a notebook: plain, as rich writes to a pipe
-            sys.stdout.write(_ANSI_ESCAPE.sub("", text))
+            _unproxied(sys.stdout).write(_ANSI_ESCAPE.sub("", text))
         else:
             kept.append(obj)
     return kept
+
+
+def _unproxied(stream):
+    """The stream under rich's stand-ins for ``sys.stdout``: a progress bar or ``Live``
+    replaces it with a proxy that prints through its console, which here sends a display,
+    which came back to the proxy, forever (the cell hung until its timeout)."""
+    for _ in range(8):
+        inner = getattr(type(stream), "rich_proxied_file", None)
+        if inner is None:
+            break
+        stream = stream.rich_proxied_file
+    return stream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -248,6 +272,7 @@ def _patch_figure_show():
     helper.after_import("matplotlib.figure", _patch_figure)
     helper.after_import("matplotlib.pyplot", _patch_pyplot)
     helper.after_import("matplotlib_inline.backend_inline", _keep_figures_open)
+    helper.after_import("rich.console", _rich_as_in_a_process)
 
 
 def _stop_recording():
