@@ -122,6 +122,8 @@ def _capture_shell():
         "pprint": getattr(plain, "pprint", None),
         "autocall": shell.autocall,
         "hidden": frozenset(shell.user_ns_hidden),
+        "switches": {name: getattr(shell, name, None) for name in _SHELL_SWITCHES},
+        "formatters": _formatter_settings(shell),
     }
     backend = _inline_backend()
     _recorded["inline backend"] = _inline_backend_settings(backend) if backend else None
@@ -139,6 +141,7 @@ def _restore_shell(problems):
         return
     if shell.InteractiveTB.mode != recorded["xmode"]:
         shell.InteractiveTB.set_mode(mode=recorded["xmode"])
+    _restore_formatters(shell, recorded["formatters"])
     plain = shell.display_formatter.formatters.get("text/plain")
     if recorded["precision"] is not None and plain.float_precision != recorded["precision"]:
         plain.float_precision = recorded["precision"]  # its observer resets float_format
@@ -146,11 +149,61 @@ def _restore_shell(problems):
         plain.pprint = recorded["pprint"]
     if shell.autocall != recorded["autocall"]:
         shell.autocall = recorded["autocall"]
+    for name, value in recorded["switches"].items():
+        if getattr(shell, name, None) is not value:
+            setattr(shell, name, value)
+    logger = getattr(shell, "logger", None)
+    if getattr(logger, "log_active", False):  # %logstart wrote every later request's code
+        logger.logstop()
     _restore_inline_backend()
     hidden = shell.user_ns_hidden
     if len(hidden) != len(recorded["hidden"]):  # (with the numbered ones each cell adds)
         for name in [name for name in hidden if name not in recorded["hidden"]]:
             del hidden[name]
+
+
+# The shell's switches a magic or a line of code flips for every later cell: ``%autoawait``
+# (its runner too), ``%pdb``, ``%automagic``, and which expressions display their value.
+_SHELL_SWITCHES = ("autoawait", "loop_runner", "call_pdb", "automagic", "ast_node_interactivity")
+
+
+def _formatter_settings(shell):
+    """Each display formatter (the object, whether enabled) and its printers for builtin
+    types. Printers a library registers for its own types as it is imported stay with it;
+    ``for_type(float, ...)`` or ``pretty.install()`` (which replaces the plain-text
+    formatter) is a cell's choice, undone."""
+    return {
+        mime: (formatter, formatter.enabled, _builtin_printers(formatter))
+        for mime, formatter in shell.display_formatter.formatters.items()
+    }
+
+
+def _builtin_printers(formatter):
+    printers = getattr(formatter, "type_printers", None)
+    if not isinstance(printers, dict):
+        return None
+    return {kind: p for kind, p in printers.items() if _builtin(kind)}
+
+
+def _builtin(kind):
+    return getattr(kind, "__module__", "") == "builtins"
+
+
+def _restore_formatters(shell, recorded):
+    formatters = shell.display_formatter.formatters
+    if formatters.keys() != recorded.keys():
+        for mime in [mime for mime in formatters if mime not in recorded]:
+            del formatters[mime]
+    for mime, (formatter, enabled, builtin) in recorded.items():
+        if formatters.get(mime) is not formatter:
+            formatters[mime] = formatter
+        if formatter.enabled is not enabled:
+            formatter.enabled = enabled
+        if builtin is not None and _builtin_printers(formatter) != builtin:
+            printers = formatter.type_printers
+            for kind in [k for k in printers if _builtin(k)]:
+                del printers[kind]
+            printers.update(builtin)
 
 
 def _inline_backend():
@@ -177,6 +230,30 @@ def _restore_inline_backend():
     for name, value in recorded.items():
         if getattr(backend, name) != value:
             setattr(backend, name, value)
+    _match_figure_printers(backend)
+
+
+_FIGURE_MIMES = {
+    "png": "image/png", "retina": "image/png", "png2x": "image/png", "jpg": "image/jpeg",
+    "jpeg": "image/jpeg", "svg": "image/svg+xml", "pdf": "application/pdf",
+}  # fmt: skip
+
+
+def _match_figure_printers(backend):
+    """The formats figures are displayed in, as the backend's ``figure_formats`` say:
+    ``set_matplotlib_formats('svg')`` changes the printers and leaves those settings as
+    they were. Nothing to do before the backend has set printers up (the first figure)."""
+    figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+    shell = _ipython_shell()
+    if figure is None or shell is None:
+        return
+    formatters = shell.display_formatter.formatters
+    printing = {mime for mime, f in formatters.items() if figure in f.type_printers}
+    wanted = {_FIGURE_MIMES.get(str(name).lower()) for name in backend.figure_formats}
+    if printing and printing != wanted:
+        from IPython.core.pylabtools import select_figure_formats
+
+        select_figure_formats(shell, backend.figure_formats, **backend.print_figure_kwargs)
 
 
 def _stdlib_settings():

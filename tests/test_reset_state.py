@@ -211,6 +211,44 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
     "autocall": Case(
         "get_ipython().run_line_magic('autocall', '1')", "print(get_ipython().autocall)"
     ),
+    "autoawait": Case(  # a later cell's top-level await failed: 'await' outside function
+        "get_ipython().run_line_magic('autoawait', 'False')",
+        "print(get_ipython().autoawait)",
+    ),
+    "pdb on errors": Case(  # a later failing cell printed a debugger prompt into its stdout
+        "get_ipython().run_line_magic('pdb', 'on')", "print(get_ipython().call_pdb)"
+    ),
+    "automagic and expression display": Case(
+        "get_ipython().run_line_magic('automagic', 'off')\n"
+        "get_ipython().ast_node_interactivity = 'all'",
+        "print(get_ipython().automagic, get_ipython().ast_node_interactivity)",
+    ),
+    "cell log": Case(  # %logstart wrote every later request's code to a file
+        "import os\nget_ipython().run_line_magic('logstart', '-o -q ' + os.devnull + ' over')",
+        "print(get_ipython().logger.log_active)",
+    ),
+    "a printer for a builtin type": Case(
+        "get_ipython().display_formatter.formatters['text/plain']"
+        ".for_type(float, lambda o, p, cycle: p.text('FLOAT!'))",
+        "plain = get_ipython().display_formatter.formatters['text/plain']\n"
+        "print(plain.lookup_by_type(float).__qualname__)",
+    ),
+    "formatter replaced or disabled": Case(  # rich's pretty.install() replaces text/plain
+        "formatters = get_ipython().display_formatter.formatters\n"
+        "formatters['text/plain'] = object(); formatters['text/html'].enabled = False",
+        "formatters = get_ipython().display_formatter.formatters\n"
+        "print(type(formatters['text/plain']).__name__, formatters['text/html'].enabled)",
+    ),
+    "figure formats set by the older call": Case(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n"
+        "from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
+        "set_matplotlib_formats('svg')",
+        "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
+        "plt.plot([1, 2]); plt.show()\n"
+        "printers = get_ipython().display_formatter.formatters\n"
+        "print(Figure in printers['image/png'].type_printers,\n"
+        "      Figure in printers['image/svg+xml'].type_printers)",
+    ),
     "hidden names": Case(
         "get_ipython().user_ns_hidden['extra'] = 1",
         "print(sorted(k for k in get_ipython().user_ns_hidden if not k.lstrip('_i').isdigit()))",
