@@ -174,6 +174,9 @@ def capture():
         meta_path=list(sys.meta_path),
         path_hooks=list(sys.path_hooks),
         fds=_save_fds(),
+        asyncgen_hooks=tuple(sys.get_asyncgen_hooks()),
+        loop_executor=getattr(_running_loop(), "_default_executor", None),
+        gc_callbacks=list(gc.callbacks),
     )
     capture_module_patches()  # noqa: F821 (from _inkernel_patches.py)
     watch_attribute_stores(shell)  # noqa: F821 (from _inkernel_patches.py)
@@ -310,6 +313,12 @@ def _restore_interpreter(problems):
             setattr(sys, name, value)
     sys.meta_path[:] = _baseline["meta_path"]
     sys.path_hooks[:] = _baseline["path_hooks"]
+    # hooks that call a cell's function: once its names are gone, they fail in later requests
+    if tuple(sys.get_asyncgen_hooks()) != _baseline["asyncgen_hooks"]:
+        firstiter, finalizer = _baseline["asyncgen_hooks"]
+        sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=finalizer)
+    if gc.callbacks != _baseline["gc_callbacks"]:
+        gc.callbacks[:] = _baseline["gc_callbacks"]
     # a finder a cell put there would run later requests' imports; any other is rebuilt
     _baseline["importer_cache"].restore(sys.path_importer_cache, exact=True)
     modules = sys.modules
@@ -609,9 +618,35 @@ def _verify(ns, problems):
         problems.append(f"{left_open} more file descriptors are open than at the baseline")
     for name in set(_closed_streams()) - _baseline["closed_streams"]:
         problems.append(f"sys.{name} was closed")  # no reopening it: later writes would fail
-    for thread in threading.enumerate():
-        if thread.ident not in _baseline["threads"] and thread.is_alive():
-            problems.append(f"thread {thread.name!r} is still running")
+    for thread in _threads_left():
+        problems.append(f"thread {thread.name!r} is still running")
+
+
+_THREAD_GRACE_SECONDS = 0.25
+
+
+def _threads_left():
+    """Threads started since the baseline that are still running. The event loop's default
+    executor (``await asyncio.to_thread(...)``) is shut down first, and threads get a
+    moment to end: one ending just after the cell is not worth a new kernel."""
+    loop = _running_loop()
+    executor = getattr(loop, "_default_executor", None)
+    if executor is not _baseline["loop_executor"] and hasattr(executor, "shutdown"):
+        executor.shutdown(wait=False)  # its idle threads end; one still at work is reported
+        loop._default_executor = _baseline["loop_executor"]
+    left = [
+        thread
+        for thread in threading.enumerate()
+        if thread.ident not in _baseline["threads"] and thread.is_alive()
+    ]
+    deadline = time.monotonic() + _THREAD_GRACE_SECONDS
+    for thread in left:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        with contextlib.suppress(RuntimeError):  # (the reset's own thread: never the case)
+            thread.join(remaining)
+    return [thread for thread in left if thread.is_alive()]
 
 
 def reset(context_problems=None):

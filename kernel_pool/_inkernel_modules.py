@@ -303,11 +303,14 @@ def _loop_policy():
 
 
 def _loop_settings(loop):
-    """A loop's debug mode (slow for every later request), slow-callback threshold and
-    exception handler, which a cell may set on the kernel's own loop."""
+    """A loop's debug mode (slow for every later request), slow-callback threshold,
+    exception handler and task factory, which a cell may set on the kernel's own loop."""
     if loop is None:
         return None
-    return (loop, loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler())
+    return (
+        loop, loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler(),
+        loop.get_task_factory(),
+    )  # fmt: skip
 
 
 def _restore_stdlib(problems):
@@ -328,10 +331,11 @@ def _restore_stdlib(problems):
     loop = _kernel_loop()
     wanted = recorded["loop"]
     if wanted is not None and wanted[0] is loop and _loop_settings(loop) != wanted:
-        _, debug, slow, handler = wanted
+        _, debug, slow, handler, factory = wanted
         loop.set_debug(debug)
         loop.slow_callback_duration = slow
         loop.set_exception_handler(handler)
+        loop.set_task_factory(factory)  # one calling a cell's names wedged later requests
 
 
 # -- libraries -------------------------------------------------------------------------------

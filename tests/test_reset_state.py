@@ -271,6 +271,20 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "import asyncio; loop = asyncio.get_running_loop()\n"
         "print(loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler())",
     ),
+    "event loop task factory": Case(  # one using the cell's names wedged later requests
+        "import asyncio\n"
+        "def factory(loop, coro, **kwargs):\n    return asyncio.Task(coro, loop=loop, **kwargs)\n"
+        "asyncio.get_running_loop().set_task_factory(factory)",
+        "import asyncio; print(asyncio.get_running_loop().get_task_factory())",
+    ),
+    "async generator hooks": Case(
+        "import sys\nseen = []\nsys.set_asyncgen_hooks(firstiter=seen.append)",
+        "import sys; print(getattr(sys.get_asyncgen_hooks().firstiter, '__qualname__', None))",
+    ),
+    "garbage collector callbacks": Case(
+        "import gc\nseen = []\ngc.callbacks.append(lambda phase, info: seen.append(phase))",
+        "import gc; print(len(gc.callbacks))",
+    ),
     "inline figure formats": Case(
         "get_ipython().run_line_magic('config', \"InlineBackend.figure_formats = ['svg']\")",
         "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
@@ -329,6 +343,24 @@ async def test_the_full_reset_puts_them_back_too(pool: Pool, name: str) -> None:
     async with pool.lease() as lease:
         assert lease.kernel_id == first
         assert await run(lease, case.probe) == before
+
+
+@pytest.mark.parametrize(
+    "cell",
+    [
+        "import asyncio\nresult = await asyncio.to_thread(sum, [1, 2])",
+        "import asyncio\nresult = await asyncio.get_running_loop().run_in_executor(None, sum, [1])",
+        "import threading, time\nthreading.Thread(target=time.sleep, args=(0.05,)).start()",
+    ],
+    ids=["to_thread", "default executor", "thread ending just after"],
+)
+async def test_threads_that_end_with_the_cell_keep_the_kernel(pool: Pool, cell: str) -> None:
+    """The event loop's default executor (``to_thread``) and a thread ending a moment after
+    the cell are not a thread left running: the kernel was replaced for each."""
+    probe = "import threading; print(threading.active_count())"
+    before = await probe_once(pool, probe)
+    assert await change_then_probe(pool, cell, probe) == before
+    assert not any(pool.stats().retirements.values()), pool.stats()
 
 
 async def test_a_warning_is_shown_again_in_the_next_request(pool: Pool, tmp_path: Path) -> None:
