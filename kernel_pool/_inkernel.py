@@ -149,6 +149,7 @@ def capture():
     shell = _shell()
     ns = shell.user_ns
     hm = shell.history_manager
+    _watch_putenv()
     _baseline.clear()
     _baseline.update(
         names=dict(ns),
@@ -279,6 +280,28 @@ def _equal_is_same(value):
     """Whether ``== value`` can only be true of ``value`` or of an interchangeable twin."""
     kind = type(value)
     return kind in _INTERCHANGEABLE or kind.__eq__ is object.__eq__
+
+
+_put_names = set()  # names passed to os.putenv / os.unsetenv since the last reset
+
+
+def _watch_putenv():
+    """Note the names ``os.putenv`` and ``os.unsetenv`` set, which ``os.environ`` does not see
+    (a cell's ``os.putenv('HTTP_PROXY', ...)`` reached every later request's processes).
+    ``os.environ`` calls them too, so its own changes are noted as well."""
+    for name in ("putenv", "unsetenv"):
+        original = getattr(os, name, None)
+        if original is None or getattr(original, "_kernel_pool_noted", False):
+            continue
+
+        def noting(key, *args, _original=original):
+            _put_names.add(key)
+            return _original(key, *args)
+
+        noting._kernel_pool_noted = True
+        noting.__name__ = noting.__qualname__ = name
+        noting.__doc__ = original.__doc__
+        setattr(os, name, noting)
 
 
 def _environ_data():
@@ -499,6 +522,13 @@ def _restore_process_state(problems):
     if not _environ_unchanged():
         os.environ.clear()
         os.environ.update(_baseline["environ"])
+    if _put_names:  # os.putenv/unsetenv change the environment under os.environ
+        environ = _baseline["environ_data"] or {}
+        for name in list(_put_names):
+            value = environ.get(os.fsencode(name) if isinstance(name, str) else name)
+            with contextlib.suppress(OSError, ValueError):
+                os.putenv(name, value) if value is not None else os.unsetenv(name)
+        _put_names.clear()
     try:
         os.chdir(_baseline["cwd"])  # getcwd() would fail if a cell's directory is gone
     except OSError as exc:

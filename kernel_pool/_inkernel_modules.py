@@ -463,8 +463,73 @@ def _restore_inline_interactive(module, recorded):
         matplotlib.interactive(recorded["interactive"])
 
 
+def _capture_sqlite3(module):
+    """The adapters and converters sqlite3 applies to every later connection's values."""
+    if not isinstance(getattr(module, "adapters", None), dict):
+        return None
+    for name, table in (("register_adapter", "adapters"), ("register_converter", "converters")):
+        _keep_registrations_made_on_import(module, name, table)
+    return {"adapters": dict(module.adapters), "converters": dict(module.converters)}
+
+
+def _keep_registrations_made_on_import(module, name, table):
+    """What a library registers as it is imported stays with it, as its warning filters do."""
+    register = getattr(module, name, None)
+    if register is None or getattr(register, "_kernel_pool_kept_at_import", False):
+        return
+
+    @functools.wraps(register)
+    def wrapper(*args, **kwargs):
+        registry = getattr(module, table)
+        before = dict(registry)
+        result = register(*args, **kwargs)
+        recorded = _library_state.get("sqlite3")
+        if recorded is not None and _importing():
+            recorded[table].update(
+                (key, value) for key, value in registry.items() if before.get(key) is not value
+            )
+        return result
+
+    wrapper._kernel_pool_kept_at_import = True
+    setattr(module, name, wrapper)
+
+
+def _restore_sqlite3(module, recorded):
+    for table in ("adapters", "converters"):
+        current = getattr(module, table)
+        if current != recorded[table]:
+            current.clear()
+            current.update(recorded[table])
+
+
+def _capture_start_method(module):
+    """multiprocessing's start method, which ``set_start_method`` sets once per process."""
+    default = getattr(module, "_default_context", None)
+    return None if default is None else (default, getattr(default, "_actual_context", None))
+
+
+def _restore_start_method(module, recorded):
+    default, actual = recorded
+    if default._actual_context is not actual:
+        default._actual_context = actual
+
+
+def _capture_opener(module):
+    """The opener ``urlopen`` uses: one a cell installed (credentials in its headers, a
+    proxy) served every later request's ``urlopen``."""
+    return {"opener": getattr(module, "_opener", None)}
+
+
+def _restore_opener(module, recorded):
+    if getattr(module, "_opener", None) is not recorded["opener"]:
+        module._opener = recorded["opener"]
+
+
 _LIBRARIES = {  # restored in this order
     "decimal": (_capture_decimal, _restore_decimal),
+    "sqlite3": (_capture_sqlite3, _restore_sqlite3),
+    "multiprocessing.context": (_capture_start_method, _restore_start_method),
+    "urllib.request": (_capture_opener, _restore_opener),
     "numpy": (_capture_numpy, _restore_numpy),
     "pandas": (_capture_pandas, _restore_pandas),
     "matplotlib": (_capture_matplotlib, _restore_matplotlib),

@@ -8,6 +8,7 @@ value), and the kernel must have been reused, not replaced.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import random
@@ -271,6 +272,30 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "import asyncio; loop = asyncio.get_running_loop()\n"
         "print(loop.get_debug(), loop.slow_callback_duration, loop.get_exception_handler())",
     ),
+    "environment set under os.environ": Case(  # reached every later request's processes
+        "import os\nos.putenv('KERNEL_POOL_PUT', 'x'); os.unsetenv('HOME')",
+        "import subprocess\n"
+        "print(subprocess.run('echo $KERNEL_POOL_PUT/$HOME', shell=True, text=True,\n"
+        "                     capture_output=True).stdout, end='')",
+    ),
+    "sqlite3 adapters and converters": Case(
+        "import sqlite3, json\nsqlite3.register_converter('JSON', json.loads)\n"
+        "sqlite3.register_adapter(dict, json.dumps)",
+        "import sqlite3\n"
+        "db = sqlite3.connect(':memory:', detect_types=sqlite3.PARSE_DECLTYPES)\n"
+        "db.execute('create table t (v JSON)'); db.execute(\"insert into t values ('[1]')\")\n"
+        "print(repr(db.execute('select v from t').fetchone()[0]), len(sqlite3.adapters))",
+    ),
+    "multiprocessing start method": Case(  # set_start_method failed in every later request
+        "import multiprocessing\nmultiprocessing.set_start_method('spawn', force=True)",
+        "import multiprocessing\nprint(multiprocessing.get_start_method(allow_none=True))",
+    ),
+    "urllib opener": Case(  # its headers (credentials) went with every later urlopen
+        "import urllib.request\nopener = urllib.request.build_opener()\n"
+        "opener.addheaders = [('Authorization', 'Bearer secret')]\n"
+        "urllib.request.install_opener(opener)",
+        "import urllib.request\nprint(urllib.request._opener)",
+    ),
     "event loop task factory": Case(  # one using the cell's names wedged later requests
         "import asyncio\n"
         "def factory(loop, coro, **kwargs):\n    return asyncio.Task(coro, loop=loop, **kwargs)\n"
@@ -405,6 +430,22 @@ async def test_filters_a_module_adds_as_it_is_imported_stay(pool: Pool, tmp_path
         ))  # fmt: skip
     assert "UserWarning: import-time filter" not in out  # the module's filter holds
     assert "UserWarning: set by the cell" in out and "ok\n" in out  # the cell's is gone
+
+
+async def test_sqlite3_converters_a_module_registers_as_it_is_imported_stay(
+    pool: Pool, tmp_path: Path
+) -> None:
+    (tmp_path / "sqlite_lib.py").write_text(
+        "import sqlite3\nsqlite3.register_converter('POINT', lambda raw: ('point', raw))\n"
+    )
+    probe = "import sqlite3\nprint(sorted(sqlite3.converters))"
+    change = (
+        "import sqlite3, sys\nsqlite3.register_converter('CELL', bytes.upper)\n"
+        f"sys.path.insert(0, {str(tmp_path)!r}); import sqlite_lib\n"
+    )
+    before = ast.literal_eval(await probe_once(pool, probe))
+    after = ast.literal_eval(await change_then_probe(pool, change, probe))
+    assert after == sorted([*before, "POINT"])  # the cell's CELL is gone, the module's stays
 
 
 async def test_what_a_module_sets_on_its_logger_as_it_is_imported_stays(
