@@ -19,6 +19,7 @@ from kernel_pool import RecyclePolicy
 
 from . import logs
 from .kernel_env import ALLOWLIST_ENV_VAR, parse_allowlist
+from .mount_cache import MountCache
 from .settings import (
     DEFAULT_PORT,
     Settings,
@@ -75,8 +76,18 @@ def _slots(text: str) -> tuple[str, ...]:
 
 def _seconds(text: str) -> float:
     value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
+    if not (value >= 0 and math.isfinite(value)):  # refuses nan and inf too
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
+    return value
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _log_level(text: str) -> str:
+    value = text.strip().lower()
+    if value not in _LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LOG_LEVELS)}, got {text}")
     return value
 
 
@@ -240,7 +251,12 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "where per-request directories are made (default: /dev/shm when it is a tmpfs with "
         "2 GiB free, else the system temp dir)",
     ),
-    ("--log-level", f"{ENV_PREFIX}LOG_LEVEL", str, "debug, info (default), warning or error"),
+    (
+        "--log-level",
+        f"{ENV_PREFIX}LOG_LEVEL",
+        _log_level,
+        "debug, info (default), warning or error",
+    ),
     ("--log-format", f"{ENV_PREFIX}LOG_FORMAT", str, "'text' (default) or 'json' (JSON lines)"),
     (
         "--drain-seconds",
@@ -346,8 +362,14 @@ def _settings(
     }
     try:
         kwargs["kernel_env_allowlist"] = parse_allowlist(environ.get(ALLOWLIST_ENV_VAR, ""))
+        MountCache.check_environ(environ)
     except ValueError as exc:
         parser.error(str(exc))
+    metrics_port = kwargs.get("metrics_port")
+    if metrics_port and metrics_port == kwargs.get("port", DEFAULT_PORT) and not values.get(
+        "connect"
+    ):
+        parser.error(f"--metrics-port {metrics_port} is the worker's own --port")
     try:
         settings = Settings(**kwargs)
     except ValueError as exc:

@@ -144,6 +144,12 @@ class MountCache:
                     f"{scheme}, which STRATA_NOTEBOOK_CREDENTIALS does not define"
                 )
 
+    @staticmethod
+    def check_environ(environ: Mapping[str, str]) -> None:
+        """Raise ``ValueError`` (saying which variable) when a credential variable in
+        *environ* is not what it must be; creates nothing."""
+        _credentials_from(environ)
+
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> MountCache:
         """The cache and credentials the ``STRATA_NOTEBOOK_*`` variables in *environ* set.
@@ -154,16 +160,7 @@ class MountCache:
         Raises:
             ValueError: A credential variable is not the JSON object it must be.
         """
-        credentials: dict[str, dict[str, object]] = {}
-        for name, fields in _json_object(environ, "STRATA_NOTEBOOK_CREDENTIALS").items():
-            if not isinstance(fields, dict):
-                raise ValueError("STRATA_NOTEBOOK_CREDENTIALS must map names to objects")
-            credentials[name] = fields
-        defaults: dict[str, str] = {}
-        for scheme, default in _json_object(environ, "STRATA_NOTEBOOK_MOUNT_CREDENTIALS").items():
-            if not isinstance(default, str):
-                raise ValueError("STRATA_NOTEBOOK_MOUNT_CREDENTIALS must map schemes to names")
-            defaults[scheme.lower()] = default
+        credentials, defaults = _credentials_from(environ)
         configured = environ.get("STRATA_NOTEBOOK_MOUNT_CACHE_DIR")
         home = environ.get("HOME")
         root = (
@@ -379,6 +376,23 @@ def _resolve_references(value: object, environ: Mapping[str, str]) -> object:
     if name not in environ:
         raise _Unresolved(f"references ${{{name}}}, which is not set on this worker")
     return environ[name]
+
+
+def _credentials_from(
+    environ: Mapping[str, str],
+) -> tuple[dict[str, dict[str, object]], dict[str, str]]:
+    """The named credentials and each scheme's default credential name."""
+    credentials: dict[str, dict[str, object]] = {}
+    for name, fields in _json_object(environ, "STRATA_NOTEBOOK_CREDENTIALS").items():
+        if not isinstance(fields, dict):
+            raise ValueError("STRATA_NOTEBOOK_CREDENTIALS must map names to objects")
+        credentials[name] = fields
+    defaults: dict[str, str] = {}
+    for scheme, default in _json_object(environ, "STRATA_NOTEBOOK_MOUNT_CREDENTIALS").items():
+        if not isinstance(default, str):
+            raise ValueError("STRATA_NOTEBOOK_MOUNT_CREDENTIALS must map schemes to names")
+        defaults[scheme.lower()] = default
+    return credentials, defaults
 
 
 def _json_object(environ: Mapping[str, str], variable: str) -> dict[str, object]:

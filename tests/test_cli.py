@@ -81,13 +81,35 @@ def test_file_reuse_budget_from_the_flag_or_the_environment_and_zero_turns_it_of
     [["--file-reuse-bytes", "-1"], ["--file-reuse-bytes", "lots"], ["--pool-size", "0"], ["--recycle", "sometimes"], ["--kernel-start", "exec"], ["--bundle-compresslevel", "10"], ["--timeout-status", "500"],
      ["--max-kernel-memory", "lots"], ["--preload", "/no/such/file.py"], ["--gpu-slots", "0"],
      ["--heartbeat-seconds", "0"], ["--heartbeat-seconds", "-5"], ["--heartbeat-seconds", "inf"],
-     ["--port", "70000"], ["--port", "-1"], ["--metrics-port", "65536"]],
+     ["--port", "70000"], ["--port", "-1"], ["--metrics-port", "65536"],
+     ["--queue-wait", "nan"], ["--job-ttl", "inf"], ["--drain-seconds", "-1"],
+     ["--log-level", "verbose"], ["--port", "18897", "--metrics-port", "18897"]],
 )  # fmt: skip
 def test_bad_flags_exit_with_a_message(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         settings_from(argv, {})
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("STRATA_KERNEL_WORKER_QUEUE_WAIT", "nan"), ("STRATA_KERNEL_WORKER_LOG_LEVEL", "loud"),
+     ("STRATA_NOTEBOOK_CREDENTIALS", "{bad"), ("STRATA_NOTEBOOK_MOUNT_CREDENTIALS", "[1]"),
+     ("STRATA_NOTEBOOK_CREDENTIALS", '{"name": 1}')],
+)  # fmt: skip
+def test_bad_variables_exit_with_a_message_naming_them(
+    variable: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        settings_from([], {variable: value})
+    assert exc.value.code == 2
+    assert variable in capsys.readouterr().err
+
+
+def test_log_levels_are_read_in_any_case() -> None:
+    assert settings_from(["--log-level", "DEBUG"], {}).log_level == "debug"
+    assert settings_from([], {"STRATA_KERNEL_WORKER_LOG_LEVEL": "Warning"}).log_level == "warning"
 
 
 def test_help_explains_every_flag() -> None:
