@@ -77,6 +77,24 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     )
 
 
+async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
+    """Start the pool; False if ``stop`` was set first (the start is cancelled, and every
+    kernel it had begun is stopped). A start failure is raised."""
+    starting = asyncio.ensure_future(pool.start())
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if starting.done():
+        starting.result()
+        return True
+    starting.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await starting
+    return False
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the worker application; the pool starts with the app's lifespan."""
     settings = settings or Settings()
@@ -125,7 +143,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swept = await asyncio.to_thread(sweep_stale_run_dirs, settings.run_root)
         if swept:
             log.info("removed %d run directories left by workers that died", swept)
-        await pool.start()
+        if not await _start_unless_stopped(pool, state.stop_requested):
+            log.warning("stopped while the kernels were starting")
+            await pool.aclose()
+            yield
+            return
         metrics_server = _serve_metrics(settings, metrics)
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
         client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))

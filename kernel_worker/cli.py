@@ -381,6 +381,18 @@ def _settings(
     return settings
 
 
+def _stopping(sig: int, count: int, serving: bool) -> None:
+    """What a stop signal starts, said in the log (on the loop, not in the handler)."""
+    log = logging.getLogger("kernel_worker")
+    name = signal.Signals(sig).name
+    if not serving:
+        log.warning("%s: stopping the kernels that are starting", name)
+    elif count == 1:
+        log.warning("%s: draining (new executions get 503), then stopping", name)
+    else:
+        log.warning("%s again: cancelling what is still running", name)
+
+
 class _DrainingServer:
     """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: new executions get
     503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
@@ -393,6 +405,9 @@ class _DrainingServer:
     def __new__(cls, config: Any, state: Any, drain_seconds: float) -> Any:
         import uvicorn
 
+        def stop_starting() -> None:
+            state.stop_requested.set()
+
         class Server(uvicorn.Server):
             signals = 0
             cut: asyncio.Event | None = None
@@ -401,6 +416,10 @@ class _DrainingServer:
             def handle_exit(self, sig: int, frame: Any) -> None:
                 # a graceful stop exits 0 (uvicorn would re-raise the signal afterwards)
                 self.signals += 1
+                running = asyncio._get_running_loop()  # (this runs in a signal handler)
+                if running is not None:
+                    running.call_soon_threadsafe(_stopping, sig, self.signals, self.started)
+                    running.call_soon_threadsafe(stop_starting)
                 if self.signals >= 2 and self.cut is not None and self.loop is not None:
                     self.loop.call_soon_threadsafe(self.cut.set)  # from a signal handler
                 if self.signals >= 3 and sig == signal.SIGINT:

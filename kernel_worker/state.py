@@ -46,6 +46,8 @@ class WorkerState:
     executions: list[Execution] = field(default_factory=list)
     draining: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
+    # set by SIGTERM/SIGINT: a pool still starting (a long preload) stops starting
+    stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
 

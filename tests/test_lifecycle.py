@@ -6,14 +6,18 @@ import contextlib
 import json
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
-from .conftest import start_worker, wait_gone
+from .conftest import ROOT, free_port, start_worker, stop_process, wait_gone
 from .wire import Background, execute, read_bundle, v1_metadata, wait_active
 
 
@@ -117,6 +121,41 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         wait_gone(kernels, 10, "kernels outlived their worker")
     finally:
         w.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_a_long_preload_stops_the_worker_at_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Kernels still starting (a preload that loads a model for minutes) are stopped: the
+    worker used to finish starting every kernel before it heard the signal."""
+    preload = tmp_path / "slow.py"
+    preload.write_text("import time\ntime.sleep(60)\n")
+    log = tmp_path / "worker.log"
+    argv = [sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1", "--port",
+            str(free_port()), "--pool-size", "2", "--preload", str(preload),
+            "--run-dir", str(tmp_path / "runs")]  # fmt: skip
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        deadline = time.monotonic() + 30
+        kernels: set[int] = set()
+        while len(kernels) < 2:  # both kernels are running the preload
+            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+            with contextlib.suppress(psutil.Error):
+                children = psutil.Process(proc.pid).children(recursive=True)
+                kernels = {p.pid for p in children if "ipykernel" in " ".join(p.cmdline())}
+        signalled = time.monotonic()
+        proc.send_signal(sig)
+        assert proc.wait(timeout=20) == 0, log.read_text()
+        assert time.monotonic() - signalled < 10  # not the preload's 60 s
+        wait_gone(kernels, 10, "kernels outlived their worker")
+        text = log.read_text()
+        assert f"{sig.name}: stopping the kernels that are starting" in text, text
+        assert "stopped while the kernels were starting" in text and "Traceback" not in text
+    finally:
+        stop_process(proc, 10)
 
 
 def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
