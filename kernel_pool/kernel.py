@@ -20,6 +20,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import shutil
 import signal
 import time
@@ -174,7 +175,8 @@ class Kernel:
             await self._launch(deadline)
             await self._run_startup_code(deadline)
         except BaseException:
-            await self.kill()
+            # shielded: a second cancellation of the start must not leave the process running
+            await asyncio.shield(self.kill())
             raise
         self.start_seconds = time.monotonic() - started
         self.state = KernelState.IDLE
@@ -311,7 +313,8 @@ class Kernel:
             raise self._start_failure(what, message) from exc
         if not result.ok:
             message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
-            raise self._start_failure(what, message)
+            where = _where_in_cell(result.reply.get("traceback"))
+            raise self._start_failure(what, f"{message} ({where})" if where else message)
         for key in helper_calls:
             try:
                 _literal(result, key)
@@ -598,3 +601,23 @@ class Kernel:
             channels.close()
             self._channels = None
         await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_CELL_FRAME = re.compile(
+    r'^\s*(?:Cell In\[\d+\]|File "<cell>"), line (\d+)(?:, in ([^\s(]+))?', re.MULTILINE
+)
+
+
+def _where_in_cell(traceback: object) -> str | None:
+    """``line N, in F`` of the innermost frame of the code run (IPython's traceback names it
+    ``Cell In[1]``, a worker's agent ``"<cell>"``), for a start-up failure's message; None
+    when there is none."""
+    if not isinstance(traceback, list):
+        return None
+    text = _ANSI.sub("", "\n".join(str(part) for part in traceback))
+    frames = _CELL_FRAME.findall(text)
+    if not frames:
+        return None
+    line, function = frames[-1]
+    return f"line {line}" if function in ("", "<module>") else f"line {line}, in {function}"

@@ -22,7 +22,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import start_http_server
 from starlette.responses import JSONResponse, Response
 
-from kernel_pool import Pool, PoolConfig
+from kernel_pool import KernelStartError, Pool, PoolConfig, PreloadError
 
 from . import __version__
 from .agent import fork_setup_code, forked_setup_code, setup_code
@@ -77,6 +77,17 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     )
 
 
+def _startup_failure(exc: BaseException, settings: Settings) -> str:
+    """What stopped the start, in one line for the operator."""
+    if isinstance(exc, PreloadError):
+        return f"the preload {settings.preload} failed: {exc}"
+    if isinstance(exc, KernelStartError):
+        return f"the kernels could not start: {exc}"
+    if isinstance(exc, OSError) and settings.metrics_port is not None:
+        return f"--metrics-port {settings.metrics_port}: {exc.strerror or exc}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
     """Start the pool; False if ``stop`` was set first (the start is cancelled, and every
     kernel it had begun is stopped). A start failure is raised."""
@@ -89,9 +100,11 @@ async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
     if starting.done():
         starting.result()
         return True
-    starting.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await starting
+    while not starting.done():  # again if need be: Python 3.11's wait_for can swallow a
+        starting.cancel()  # cancellation that comes as its inner wait ends
+        await asyncio.wait({starting}, timeout=0.2)
+    with contextlib.suppress(BaseException):  # a start cut short may fail any way it likes
+        starting.result()
     return False
 
 
@@ -143,12 +156,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swept = await asyncio.to_thread(sweep_stale_run_dirs, settings.run_root)
         if swept:
             log.info("removed %d run directories left by workers that died", swept)
-        if not await _start_unless_stopped(pool, state.stop_requested):
+        try:
+            started = await _start_unless_stopped(pool, state.stop_requested)
+            metrics_server = _serve_metrics(settings, metrics) if started else None
+        except (KernelStartError, OSError) as exc:
+            if state.end_server is None:
+                raise
+            await pool.aclose()
+            state.startup_failure = _startup_failure(exc, settings)
+            state.end_server()
+            yield
+            return
+        if not started:
             log.warning("stopped while the kernels were starting")
             await pool.aclose()
             yield
             return
-        metrics_server = _serve_metrics(settings, metrics)
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
         client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
         state.http_client = client

@@ -468,6 +468,9 @@ def keep_transfer_buffers() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 32 << 20))
 
 
+#: the exit status when the kernels, the preload or the metrics port fail at start (uvicorn's)
+STARTUP_FAILURE_STATUS = 3
+
 #: the oldest Python Strata's notebook client runs on (its cells' outputs are read there)
 STRATA_PYTHON = (3, 12)
 
@@ -526,7 +529,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     # bound before the pool starts: a port in use fails at once, not after every kernel
     # (and a preload that may take minutes) has started
     sock = config.bind_socket()
-    _DrainingServer(config, app.state.worker, settings.drain_seconds).run(sockets=[sock])
+    state = app.state.worker
+    server = _DrainingServer(config, state, settings.drain_seconds)
+
+    def end_server() -> None:
+        server.should_exit = True
+
+    state.end_server = end_server
+    server.run(sockets=[sock])
+    if state.startup_failure is not None:
+        log.error("%s", state.startup_failure)
+        raise SystemExit(STARTUP_FAILURE_STATUS)
 
 
 if __name__ == "__main__":  # pragma: no cover

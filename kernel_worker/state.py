@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -48,6 +49,10 @@ class WorkerState:
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # set by SIGTERM/SIGINT: a pool still starting (a long preload) stops starting
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    # the CLI's: ends the server after a start-up failure it reports itself (one line, not
+    # a framework traceback); without it (an app served some other way) the failure raises
+    end_server: Callable[[], None] | None = None
+    startup_failure: str | None = None
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
 

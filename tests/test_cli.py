@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import platform
+import socket
 import subprocess
 import sys
 import time
@@ -122,15 +123,37 @@ def test_help_explains_every_flag() -> None:
 
 
 def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPathFactory) -> None:
+    """One line says what failed and where in the preload; no framework traceback."""
     preload = tmp_path / "preload.py"  # type: ignore[operator]
-    preload.write_text("raise RuntimeError('weights not found')\n")
+    preload.write_text(
+        "import os\ndef load():\n    raise RuntimeError('weights not found')\nload()\n"
+    )
     proc = subprocess.run(
         [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1",
          "--preload", str(preload)],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
-    assert proc.returncode != 0
-    assert "weights not found" in proc.stderr
+    assert proc.returncode == 3
+    assert (
+        f"the preload {preload} failed: RuntimeError: weights not found (line 3, in load)"
+        in proc.stderr
+    ), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_a_metrics_port_in_use_stops_startup_with_one_line(tmp_path: pytest.TempPathFactory) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1",
+             "--metrics-port", str(port)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+    assert proc.returncode == 3
+    assert f"--metrics-port {port}: Address already in use" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
 
 
 def test_readme_documents_every_flag_and_its_environment_variable() -> None:
