@@ -33,9 +33,22 @@ def test_kubernetes_manifest() -> None:
     startup = container["startupProbe"]
     assert startup["httpGet"]["path"] == "/health"
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    assert kinds["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
+    pod = kinds["Deployment"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"]
+    drain = settings_from(container["args"], {}).drain_seconds
+    assert pod["terminationGracePeriodSeconds"] > drain  # the drain ends before SIGKILL
+    settings = settings_from(container["args"], {})
+    kernels = settings.pool_size + settings.spares
+    assert settings.max_kernel_memory is not None
+    limit = _bytes(container["resources"]["limits"]["memory"])
+    assert limit > kernels * settings.max_kernel_memory  # the per-kernel cap acts first
     metric = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
     assert metric == "strata_kernel_worker_active_executions"
+
+
+def _bytes(quantity: str) -> int:
+    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
+    return int(quantity[:-2]) * units[quantity[-2:]]
 
 
 def test_dockerfile() -> None:
@@ -60,4 +73,8 @@ def test_systemd_unit() -> None:
     assert exec_start[0].endswith("/strata-kernel-worker")
     _flags_are_known(exec_start[1:])
     assert unit["Service"]["User"] != "root"
+    drain = settings_from(exec_start[1:], {}).drain_seconds
+    assert float(unit["Service"]["TimeoutStopSec"]) > drain
+    # it binds every interface: no start without the file that holds the token
+    assert not unit["Service"]["EnvironmentFile"].startswith("-")
     assert build_parser().prog == "strata-kernel-worker"
