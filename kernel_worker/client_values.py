@@ -139,6 +139,15 @@ class Display:
     def data(self) -> bytes | str:
         return self.formats[self.content_type]
 
+    def __repr__(self) -> str:
+        """Binary formats by their size: a PNG's bytes are no use on a console."""
+        shown = ", ".join(
+            f"{kind!r}: <{len(value)} bytes>" if isinstance(value, bytes) else
+            f"{kind!r}: {value[:80]!r}" + ("…" if len(value) > 80 else "")
+            for kind, value in self.formats.items()
+        )  # fmt: skip
+        return f"Display({{{shown}}}, output_type={self.output_type!r})"
+
     def _repr_mimebundle_(
         self, include: object = None, exclude: object = None
     ) -> dict[str, object]:

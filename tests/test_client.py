@@ -23,6 +23,7 @@ import pytest
 from kernel_worker.client import (
     AsyncClient,
     CellError,
+    CellResult,
     CellTimeout,
     Client,
     EncodedInput,
@@ -135,6 +136,22 @@ def test_console_and_displays(client: Client) -> None:
     assert "text/plain" in table.formats
     bundle = chart._repr_mimebundle_()  # what Jupyter renders inline
     assert isinstance(bundle["image/png"], str) and bundle["image/png"].startswith("iVBOR")
+
+
+def test_the_readme_example_shows_the_chart_first(worker: WorkerProcess) -> None:
+    """The README's client snippet, run as written (its URL pointed at the test worker)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## A Python client and a command line for humans", 1)[1]
+    snippet = section.split("```python\n", 1)[1].split("```", 1)[0]
+    snippet = snippet.replace("http://127.0.0.1:9000", worker.url)
+    namespace: dict[str, object] = {"my_dataframe": pd.DataFrame({"a": [1, 2, 3]})}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    result = namespace["result"]
+    assert isinstance(result, CellResult)
+    assert result.outputs["total"] == 6 and result.success
+    chart = result.displays[0]
+    assert chart.content_type == "image/png"
+    assert "bytes>" in repr(chart) and "\\x89PNG" not in repr(chart)  # not the PNG's bytes
 
 
 def test_a_cell_that_raises_is_a_result(client: Client) -> None:
