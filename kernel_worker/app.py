@@ -9,7 +9,6 @@ import os
 import pwd
 import shutil
 import tempfile
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import replace
@@ -20,7 +19,7 @@ import psutil
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import start_http_server
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 
 from kernel_pool import KernelStartError, Pool, PoolConfig, PreloadError
 
@@ -203,20 +202,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)
-    app.add_exception_handler(Exception, _unexpected_error_handler)
     # the hot endpoints skip the router (the routes stay registered: schema, docs)
     hot = {"/v1/execute": execute_v1, "/v1/notebook-execute": notebook_execute}
     app.add_middleware(FastPath, endpoints=hot)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so it sees both paths
     return app
-
-
-async def _unexpected_error_handler(request: Request, exc: Exception) -> Response:
-    """A bug, not a bad request: the log gets the traceback, the caller an id to quote."""
-    error_id = uuid.uuid4().hex[:12]
-    log.error("unexpected error %s on %s %s", error_id, request.method, request.url.path,
-              exc_info=exc)  # fmt: skip
-    return JSONResponse({"detail": f"Internal error (id {error_id})"}, status_code=500)
 
 
 def _release_idle_files(files: ReusableFiles | None) -> asyncio.Future[None]:

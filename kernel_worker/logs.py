@@ -19,6 +19,7 @@ request_id: ContextVar[str] = ContextVar("request_id", default="-")
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 access_log = logging.getLogger("kernel_worker.access")
+_log = logging.getLogger("kernel_worker")
 
 
 class _RequestIdFilter(logging.Filter):
@@ -51,6 +52,7 @@ def configure(level: str, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # Python's warnings as log lines (JSON lines stay JSON)
 
 
 class RequestIdMiddleware:
@@ -68,17 +70,29 @@ class RequestIdMiddleware:
         token = request_id.set(rid)
         started = time.monotonic()
         status = 500
+        answered = False
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            nonlocal status, answered
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, answered = message["status"], True
                 message.setdefault("headers", [])
                 message["headers"] = [*message["headers"], (b"x-request-id", rid.encode())]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            # a bug, not a bad request: logged once, under the request's id, which the
+            # caller is given to quote (an answer under way can only be cut off)
+            _log.exception("unexpected error on %s %s", scope.get("method"), scope.get("path"))
+            if answered:
+                raise
+            body = json.dumps({"detail": f"Internal error (request id {rid})"}).encode()
+            headers = [(b"content-type", b"application/json"),
+                       (b"content-length", str(len(body)).encode())]  # fmt: skip
+            await send_with_id({"type": "http.response.start", "status": 500, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
         finally:
             access_log.info(
                 "%s %s %d %.1fms",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import replace
@@ -29,6 +30,16 @@ from .jobs import Job, JobResult
 from .mounts import materialize, sync_back
 from .state import Execution, WorkerState
 from .streaming import BundleStream
+
+log = logging.getLogger(__name__)
+
+
+def _type_name(name: str | None) -> str:
+    """An exception's class name for the log, when it looks like one (it is the cell's)."""
+    if name and len(name) <= 80 and all(part.isidentifier() for part in name.split(".")):
+        return name
+    return "an error"
+
 
 CANCELLED_DETAIL = "execution was cancelled"
 AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
@@ -116,6 +127,8 @@ async def execute_to_bundle(
                         lease, cell, run_dir, state.context, console=console, mounts=mounted.paths
                     )
                     observe("success" if outcome.success else "cell_error")
+                if not outcome.success:  # the exception's type only: its message may hold data
+                    log.info("the cell raised %s", _type_name(outcome.error_type))
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
         if outcome.success:

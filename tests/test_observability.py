@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from .conftest import WorkerProcess, free_port, start_worker
-from .wire import execute, run_ok
+from .conftest import ROOT, WorkerProcess, free_port, start_worker
+from .wire import execute, read_bundle, run_ok
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +103,61 @@ def test_what_a_cells_processes_print_reaches_the_cell_and_not_the_log(
     logs = observed.logs()
     for marker in ("fd-out-marker", "child-marker", "fd-err-marker"):
         assert marker not in logs, logs[-2000:]
+
+
+def test_a_failed_cell_is_logged_by_its_exception_type_only(observed: WorkerProcess) -> None:
+    with httpx.Client(base_url=observed.url, timeout=60, headers={"Authorization": "Bearer tok",
+                      "X-Request-Id": "req-failing"}) as c:  # fmt: skip
+        bundle = read_bundle(execute(c, "raise KeyError('secret-key-value')"))
+    assert bundle.manifest["success"] is False
+    deadline = time.monotonic() + 5
+    while True:
+        lines = [json.loads(line) for line in observed.logs().splitlines() if line.startswith("{")]
+        mine = [entry["message"] for entry in lines if entry["request_id"] == "req-failing"]
+        if "the cell raised KeyError" in mine:
+            break
+        assert time.monotonic() < deadline, mine
+        time.sleep(0.05)
+    assert "secret-key-value" not in observed.logs()
+
+
+async def test_an_unexpected_error_is_logged_once_under_the_request_id(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A bug in a route: a 500 whose detail quotes the request id, one log line carrying it."""
+    from starlette.applications import Starlette
+    from starlette.middleware import Middleware
+    from starlette.routing import Route
+
+    from kernel_worker.logs import RequestIdMiddleware
+
+    async def broken(request: object) -> None:
+        raise RuntimeError("a bug")
+
+    # as in the worker's app: inside the framework's outermost error middleware
+    app = Starlette(routes=[Route("/broken", broken)], middleware=[Middleware(RequestIdMiddleware)])
+    transport = httpx.ASGITransport(app=app)
+    with caplog.at_level(logging.INFO):
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as client:
+            response = await client.get("/broken", headers={"X-Request-Id": "req-bug"})
+    assert response.status_code == 500
+    assert response.json() == {"detail": "Internal error (request id req-bug)"}
+    assert response.headers["x-request-id"] == "req-bug"
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None
+    assert "unexpected error on GET /broken" in errors[0].getMessage()
+
+
+def test_python_warnings_are_log_lines_in_json_mode() -> None:
+    script = (
+        "import logging, warnings\nfrom kernel_worker import logs\n"
+        "logs.configure('info', 'json')\nwarnings.warn('careful', RuntimeWarning)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60, check=True)  # fmt: skip
+    lines = out.stderr.splitlines()
+    assert lines and all(line.startswith("{") for line in lines), out.stderr
+    assert any("careful" in json.loads(line)["message"] for line in lines)
 
 
 def test_openapi_documents_every_route_and_the_multipart_envelope(
