@@ -341,6 +341,37 @@ def test_markdown_only_ever_holds_its_text(client: httpx.Client, tmp_path: Any) 
     assert texts == ["http://127.0.0.1:9/never-fetched", "note.md"]
 
 
+def test_display_updates_and_clears_leave_what_a_notebook_would_show(
+    client: httpx.Client,
+) -> None:
+    """``update_display`` replaces the display of its id and ``clear_output`` drops those
+    before it (at once, or with ``wait=True`` when the next display comes), in both views:
+    the manifest's displays (what Strata shows) and the Jupyter display files."""
+    updates = (
+        "from IPython.display import Markdown, update_display\n"
+        "display(Markdown('v1'), display_id='progress')\n"
+        "handle = display(Markdown('other v1'), display_id=True)\n"
+        "update_display(Markdown('v2'), display_id='progress')\n"
+        "handle.update(Markdown('other v2'))\n"
+        "update_display(Markdown('nobody'), display_id='unknown')\n"
+        "del handle"
+    )
+    clears = (
+        "from IPython.display import Markdown, clear_output\n"
+        "display(Markdown('gone'))\nclear_output()\n"
+        "for step in range(3):\n"
+        "    display(Markdown(f'step {step}'), clear=True)\n"
+        "display(Markdown('after'))\n"
+        "clear_output(wait=True)\n"  # nothing comes after: what is shown stays
+    )
+    for source, expected in ((updates, ["v2", "other v2"]), (clears, ["step 2", "after"])):
+        bundle = run_ok(client, source)
+        texts = [d.get("markdown_text") for d in bundle.manifest["displays"]]
+        assert texts == expected
+        files = sorted(name for name in bundle.members if name.startswith("display/"))
+        assert [bundle.members[name].decode() for name in files if name.endswith(".md")] == expected
+
+
 def test_asyncio_run_works_in_a_cell_and_top_level_await_still_does(client: httpx.Client) -> None:
     source = (
         "import asyncio\n"

@@ -37,6 +37,8 @@ class _Run:
         self.inputs = {}
         self.fingerprints = {}
         self.displays = []
+        self.display_ids = {}  # display_id -> indices in displays (update_display replaces)
+        self.clear_pending = False  # clear_output(wait=True): cleared by the next display
         self.recording = True
         self.error = None
         self.collected = False
@@ -47,6 +49,7 @@ _state = {
     "run": None,
     "shell": None,
     "display": None,
+    "clear_output": None,
     "figure_show": None,
     "pyplot_show": None,
     # sys.modules' names and the import finders' folders after the last run's were forgotten
@@ -63,15 +66,52 @@ def _current():
 
 
 def display(*objs, **kwargs):
-    """IPython's ``display`` that also records the objects for the reference's display view."""
+    """IPython's ``display`` that also records the objects for the reference's display view,
+    as a notebook's output area keeps them: ``update_display`` (or a handle's ``update``)
+    replaces the display of that id, ``clear_output`` (or ``clear=True``) drops those before."""
     if any(_is_rich_print(obj) for obj in objs):
         objs = _printed_as_text(objs)
         if not objs:
             return None
     run = _current()
-    if run is not None and run.recording and not kwargs.get("raw"):
-        run.displays.extend(obj for obj in objs if obj is not None)
+    if run is None or not run.recording or kwargs.get("raw"):
+        return _state["display"](*objs, **kwargs)
+    if kwargs.get("display_id") is True:  # as IPython names it, but known here
+        kwargs["display_id"] = os.urandom(16).hex()
+    display_id = kwargs.get("display_id")
+    if kwargs.get("update"):
+        for index in run.display_ids.get(str(display_id), ()):
+            if objs:
+                run.displays[index] = objs[0]
+        return _state["display"](*objs, **kwargs)
+    if kwargs.pop("clear", False):  # IPython's own would mark a clear still to come
+        run.clear_pending = True
+        _state["clear_output"](True)
+    _apply_pending_clear(run)
+    shown = [obj for obj in objs if obj is not None]
+    if display_id is not None:
+        first = len(run.displays)
+        run.display_ids.setdefault(str(display_id), []).extend(range(first, first + len(shown)))
+    run.displays.extend(shown)
     return _state["display"](*objs, **kwargs)
+
+
+def clear_output(wait=False):
+    """IPython's ``clear_output``: the displays shown so far leave the display view too (at
+    once, or with ``wait=True`` when the next display comes)."""
+    run = _current()
+    if run is not None and run.recording:
+        run.clear_pending = True
+        if not wait:
+            _apply_pending_clear(run)
+    return _state["clear_output"](wait)
+
+
+def _apply_pending_clear(run):
+    if run.clear_pending:
+        run.clear_pending = False
+        run.displays.clear()
+        run.display_ids.clear()
 
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
@@ -142,8 +182,10 @@ def _patch_display():
     import IPython.display as public
 
     _state["display"] = functions.display
+    _state["clear_output"] = functions.clear_output
     functions.display = display
     public.display = display
+    functions.clear_output = public.clear_output = clear_output
     inline = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:
         inline.display = display
