@@ -169,7 +169,7 @@ def _warm_kernels(kernels: Mapping[str, int]) -> int:
     return sum(kernels.get(state, 0) for state in ("idle", "busy", "resetting"))
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
     """Liveness and capabilities: 200 while the worker can take cells, that is while a kernel
     is warm or one is on its way (a replacement starting after a timeout, the pool warming
@@ -213,7 +213,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if serving and not state.draining else 503)
 
 
-@router.get("/ready")
+@router.api_route("/ready", methods=["GET", "HEAD"])
 async def ready(request: Request) -> JSONResponse:
     """Readiness (a load balancer's probe): 200 only while a warm kernel exists and the
     worker is not draining, so traffic waits for the pool's warm-up."""

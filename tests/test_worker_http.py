@@ -79,6 +79,14 @@ def test_health_reports_capabilities_and_pool(client: httpx.Client) -> None:
     assert isinstance(body["uptime_seconds"], float)
 
 
+@pytest.mark.parametrize("path", ["/health", "/ready"])
+def test_probes_answer_head_too(client: httpx.Client, path: str) -> None:
+    """Load balancers and uptime checks probe with HEAD: the status, no body."""
+    response = client.head(path)
+    assert response.status_code == 200 and response.content == b""
+    assert response.headers["content-type"] == "application/json"
+
+
 # -- the bundle -----------------------------------------------------------------------------------
 
 
