@@ -298,6 +298,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Serve the Strata notebook executor protocol v1 from a pool of warm Jupyter "
             "kernels. Every option can also be set by the environment variable shown."
         ),
+        epilog=(
+            "To run one cell on a running worker from a shell: strata-kernel-worker run "
+            "CELL.py [--input NAME=PATH] [--out DIR] (see strata-kernel-worker run --help)."
+        ),
     )
     for flag, env, kind, text in _OPTIONS:
         parser.add_argument(flag, type=kind, default=None, help=f"{text} [env {env}]")

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -81,15 +82,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--out", "-o", type=Path, help="save outputs and displays into this dir")
     parser.add_argument(
-        "--timeout", type=float, default=30.0, help="cell timeout in seconds (default 30)"
+        "--timeout", type=_timeout, default=30.0, help="cell timeout in seconds (default 30)"
     )
     parser.epilog = f"The bearer token, if the worker wants one, is read from ${TOKEN_ENV}."
     return parser
 
 
+def _timeout(text: str) -> float:
+    value = float(text)
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.out is not None:  # before the cell runs: its results must have somewhere to go
+        try:
+            args.out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            parser.error(f"--out {args.out}: {exc.strerror or exc}")
     source = _read_source(parser, args.cell)
     inputs = {name: _load(parser, name, raw) for name, raw in _pairs(parser, args.input, "--input")}
     env = dict(_pairs(parser, args.env, "--env"))
@@ -103,7 +116,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_WORKER_FAILED
     _print_console(result)
     if args.out is not None:
-        _save(result, args.out)
+        try:
+            _save(result, args.out)
+        except OSError as exc:
+            print(f"strata-kernel-worker run: cannot save into {args.out}: {exc}", file=sys.stderr)
+            return EXIT_WORKER_FAILED
     return 0 if result.success else EXIT_CELL_ERROR
 
 
@@ -187,6 +204,10 @@ _READERS: dict[str, Callable[[Path], object]] = {
 
 def _load(parser: argparse.ArgumentParser, name: str, raw: str) -> object:
     path = Path(raw)
+    if path.is_dir():
+        parser.error(f"--input {name}={raw} is a folder: the command line sends files")
+    if not path.is_file():
+        parser.error(f"--input {name}={raw}: no such file")
     reader = _READERS.get(path.suffix.lower())
     try:
         if reader is not None:

@@ -120,6 +120,7 @@ def test_help_explains_every_flag() -> None:
     for flag in ("--pool-size", "--preload", "--recycle", "--max-uses", "--max-kernel-memory",
                  "--spares", "--gpu-slots", "--timeout-status", "--kernel-name", "--log-level"):  # fmt: skip
         assert flag in out
+    assert "strata-kernel-worker run" in out  # the command line for one cell
 
 
 def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPathFactory) -> None:

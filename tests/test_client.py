@@ -384,3 +384,13 @@ def test_run_command_reports_worker_and_usage_failures(tmp_path: Path) -> None:
     assert unreachable.returncode == 3 and "run:" in unreachable.stderr
     assert _cli(str(cell), "--input", "no-equals-sign").returncode == 2
     assert _cli(str(tmp_path / "missing.py")).returncode == 2
+    refused = {  # each a one-line usage error (status 2) before anything is sent
+        "--timeout 0": _cli(str(cell), "--timeout", "0"),
+        "missing input": _cli(str(cell), "--input", f"df={tmp_path / 'missing.parquet'}"),
+        "folder input": _cli(str(cell), "--input", f"df={tmp_path}"),
+        "unwritable --out": _cli(str(cell), "--out", "/proc/no-such-dir/out"),
+    }
+    for what, proc in refused.items():
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (what, proc.stderr)
+    assert "no such file" in refused["missing input"].stderr
+    assert "is a folder" in refused["folder input"].stderr
