@@ -452,9 +452,28 @@ def _quietly():
 
 
 def _capture_inline_backend(module):
-    """Right after the inline backend's import, which activated it (interactive mode on)."""
+    """Right after the inline backend's import, which activated it (interactive mode on, in
+    some versions). matplotlib imports it when the backend is first needed, which may be
+    inside a cell's ``plt.ion()`` or ``plt.ioff()``: the mode it had before that call,
+    which matplotlib's own import recorded, is the kernel's then."""
     matplotlib = sys.modules.get("matplotlib")
-    return {"interactive": matplotlib.is_interactive()} if matplotlib is not None else None
+    if matplotlib is None:
+        return None
+    interactive = matplotlib.is_interactive()
+    recorded = _library_state.get("matplotlib")
+    if recorded is not None and "interactive" in recorded and _inside_pyplot(("ion", "ioff")):
+        interactive = bool(recorded["interactive"])
+    return {"interactive": interactive}
+
+
+def _inside_pyplot(functions):
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name in functions and code.co_filename.endswith(f"pyplot{os.extsep}py"):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _restore_inline_interactive(module, recorded):

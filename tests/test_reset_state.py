@@ -266,6 +266,10 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "plt.figure(); plt.close('all')\n"
         "print(matplotlib.get_backend(), matplotlib.is_interactive())",
     ),
+    "interactive mode set as pyplot is first imported": Case(  # the backend loads in ion()
+        "import matplotlib.pyplot as plt; plt.ion()",
+        "import matplotlib; print(matplotlib.is_interactive())",
+    ),
     "event loop debug mode": Case(
         "import asyncio; loop = asyncio.get_running_loop(); loop.set_debug(True)\n"
         "loop.slow_callback_duration = 9.0; loop.set_exception_handler(lambda *a: None)",
