@@ -123,38 +123,37 @@ def test_help_explains_every_flag() -> None:
     assert "strata-kernel-worker run" in out  # the command line for one cell
 
 
+def _failed_start(*args: str) -> str:
+    """Start a worker that must fail to start: status 3, one line, no traceback; its stderr."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1", *args],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return proc.stderr
+
+
 def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPathFactory) -> None:
-    """One line says what failed and where in the preload; no framework traceback."""
+    """One line says what failed and where in the preload."""
     preload = tmp_path / "preload.py"  # type: ignore[operator]
     preload.write_text(
         "import os\ndef load():\n    raise RuntimeError('weights not found')\nload()\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1",
-         "--preload", str(preload)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert proc.returncode == 3
+    stderr = _failed_start("--preload", str(preload))
     assert (
         f"the preload {preload} failed: RuntimeError: weights not found (line 3, in load)"
-        in proc.stderr
-    ), proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
+        in stderr
+    ), stderr
 
 
-def test_a_metrics_port_in_use_stops_startup_with_one_line(tmp_path: pytest.TempPathFactory) -> None:
+def test_a_metrics_port_in_use_stops_startup_with_one_line() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = subprocess.run(
-            [sys.executable, "-m", "kernel_worker", "--port", "0", "--pool-size", "1",
-             "--metrics-port", str(port)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-    assert proc.returncode == 3
-    assert f"--metrics-port {port}: Address already in use" in proc.stderr, proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
+        stderr = _failed_start("--metrics-port", str(port))
+    assert f"--metrics-port {port}: Address already in use" in stderr, stderr
 
 
 def test_readme_documents_every_flag_and_its_environment_variable() -> None:
