@@ -150,6 +150,7 @@ def capture():
     ns = shell.user_ns
     hm = shell.history_manager
     _watch_putenv()
+    _retire_default_executor()
     _baseline.clear()
     _baseline.update(
         names=dict(ns),
@@ -282,6 +283,27 @@ def _equal_is_same(value):
     return kind in _INTERCHANGEABLE or kind.__eq__ is object.__eq__
 
 
+def _cells(function):
+    """Whether a callable was defined by a cell (its names are gone after the reset)."""
+    return getattr(function, "__module__", None) == "__main__"
+
+
+def _retire_default_executor():
+    """The event loop's default executor, which a preload's ``asyncio.to_thread`` made, is
+    shut down before the baseline: its idle threads never end, so a cell's own calls would
+    have added threads that look left running (and retired the kernel every time)."""
+    loop = _running_loop()
+    executor = getattr(loop, "_default_executor", None)
+    if executor is None or not hasattr(executor, "shutdown"):
+        return
+    threads = list(getattr(executor, "_threads", ()))
+    executor.shutdown(wait=False)
+    loop._default_executor = None
+    deadline = time.monotonic() + 1.0
+    for thread in threads:  # (one still busy stays, part of the baseline)
+        thread.join(max(0.0, deadline - time.monotonic()))
+
+
 _put_names = set()  # names passed to os.putenv / os.unsetenv since the last reset
 
 
@@ -341,7 +363,9 @@ def _restore_interpreter(problems):
         firstiter, finalizer = _baseline["asyncgen_hooks"]
         sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=finalizer)
     if gc.callbacks != _baseline["gc_callbacks"]:
-        gc.callbacks[:] = _baseline["gc_callbacks"]
+        # a library's own (added as a cell imported it) stays, as its warning filters do
+        kept = [c for c in gc.callbacks if c not in _baseline["gc_callbacks"] and not _cells(c)]
+        gc.callbacks[:] = _baseline["gc_callbacks"] + kept
     # a finder a cell put there would run later requests' imports; any other is rebuilt
     _baseline["importer_cache"].restore(sys.path_importer_cache, exact=True)
     modules = sys.modules

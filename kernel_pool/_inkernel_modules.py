@@ -127,6 +127,9 @@ def _capture_shell():
     }
     backend = _inline_backend()
     _recorded["inline backend"] = _inline_backend_settings(backend) if backend else None
+    figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
+    configured = figure is not None and "matplotlib_inline.backend_inline" in sys.modules
+    _recorded["figure printers"] = _figure_printers(shell, figure) if configured else None
 
 
 def _ipython_shell():
@@ -226,34 +229,44 @@ def _restore_inline_backend():
     recorded = _recorded.get("inline backend")
     if recorded is None:
         _recorded["inline backend"] = _inline_backend_settings(backend)
-        return
-    for name, value in recorded.items():
-        if getattr(backend, name) != value:
-            setattr(backend, name, value)
+    else:
+        for name, value in recorded.items():
+            if getattr(backend, name) != value:
+                setattr(backend, name, value)
     _match_figure_printers(backend)
 
 
-_FIGURE_MIMES = {
-    "png": "image/png", "retina": "image/png", "png2x": "image/png", "jpg": "image/jpeg",
-    "jpeg": "image/jpeg", "svg": "image/svg+xml", "pdf": "application/pdf",
-}  # fmt: skip
-
-
 def _match_figure_printers(backend):
-    """The formats figures are displayed in, as the backend's ``figure_formats`` say:
-    ``set_matplotlib_formats('svg')`` changes the printers and leaves those settings as
-    they were. Nothing to do before the backend has set printers up (the first figure)."""
+    """How figures are displayed, as at the baseline: ``set_matplotlib_formats`` (retina,
+    other formats, print options, or none at all) changes the printers and leaves the
+    backend's settings as they were. The printers are recorded once the backend has set them
+    up (at the baseline, or chosen afresh from its settings at the first reset after a cell
+    made it) and put back by identity."""
     figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
     shell = _ipython_shell()
-    if figure is None or shell is None:
+    if figure is None or shell is None or "matplotlib_inline.backend_inline" not in sys.modules:
         return
-    formatters = shell.display_formatter.formatters
-    printing = {mime for mime, f in formatters.items() if figure in f.type_printers}
-    wanted = {_FIGURE_MIMES.get(str(name).lower()) for name in backend.figure_formats}
-    if printing and printing != wanted:
+    recorded = _recorded.get("figure printers")
+    if recorded is None:
         from IPython.core.pylabtools import select_figure_formats
 
         select_figure_formats(shell, backend.figure_formats, **backend.print_figure_kwargs)
+        _recorded["figure printers"] = _figure_printers(shell, figure)
+        return
+    formatters = shell.display_formatter.formatters
+    for mime, formatter in formatters.items():
+        wanted = recorded.get(mime)
+        if formatter.type_printers.get(figure) is wanted:
+            continue
+        if wanted is None:
+            formatter.type_printers.pop(figure, None)
+        else:
+            formatter.type_printers[figure] = wanted
+
+
+def _figure_printers(shell, figure):
+    formatters = shell.display_formatter.formatters
+    return {mime: f.type_printers.get(figure) for mime, f in formatters.items()}
 
 
 def _stdlib_settings():

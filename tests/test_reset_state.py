@@ -200,6 +200,14 @@ CASES = {
     ),
 }
 
+_FIGURE_PRINTERS = (  # each display format's figure printer: its function and options
+    "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
+    "plt.plot([1, 2]); plt.show()\n"
+    "formatters = get_ipython().display_formatter.formatters\n"
+    "for mime in sorted(formatters):\n"
+    "    printer = formatters[mime].type_printers.get(Figure)\n"
+    "    print(mime, getattr(printer, 'func', printer), getattr(printer, 'keywords', None))"
+)
 KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
     "traceback mode": Case(
         "get_ipython().run_line_magic('xmode', 'Verbose')",
@@ -244,11 +252,19 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n"
         "from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
         "set_matplotlib_formats('svg')",
-        "import matplotlib.pyplot as plt; from matplotlib.figure import Figure\n"
-        "plt.plot([1, 2]); plt.show()\n"
-        "printers = get_ipython().display_formatter.formatters\n"
-        "print(Figure in printers['image/png'].type_printers,\n"
-        "      Figure in printers['image/svg+xml'].type_printers)",
+        _FIGURE_PRINTERS,
+    ),
+    "figure formats: retina with print options": Case(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n"
+        "from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
+        "set_matplotlib_formats('retina', dpi=20)",
+        _FIGURE_PRINTERS,
+    ),
+    "figure formats: none at all": Case(
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2]); plt.show()\n"
+        "from matplotlib_inline.backend_inline import set_matplotlib_formats\n"
+        "set_matplotlib_formats()",
+        _FIGURE_PRINTERS,
     ),
     "hidden names": Case(
         "get_ipython().user_ns_hidden['extra'] = 1",
@@ -390,6 +406,21 @@ async def test_threads_that_end_with_the_cell_keep_the_kernel(pool: Pool, cell: 
     before = await probe_once(pool, probe)
     assert await change_then_probe(pool, cell, probe) == before
     assert not any(pool.stats().retirements.values()), pool.stats()
+
+
+async def test_to_thread_keeps_the_kernel_after_a_preload_that_used_it() -> None:
+    """A preload's ``to_thread`` made the loop's default executor, whose idle threads then
+    counted as the baseline's and a cell's new ones as left running."""
+    preload = "import asyncio\nawait asyncio.to_thread(sum, [1])\n"
+    async with started(PoolConfig(size=1, preload=preload)) as pool:
+        cell = (
+            "import asyncio, time\n"
+            "await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.05) for _ in range(4)))"
+        )
+        probe = "import threading; print(threading.active_count())"
+        before = await probe_once(pool, probe)
+        assert await change_then_probe(pool, cell, probe) == before
+        assert not any(pool.stats().retirements.values()), pool.stats()
 
 
 async def test_a_warning_is_shown_again_in_the_next_request(pool: Pool, tmp_path: Path) -> None:
