@@ -269,7 +269,14 @@ def _stage(
     run_root: Path,
     stop: threading.Event,
 ) -> _Staged:
-    entries = _list(spec, location, fs)
+    try:
+        entries = _list(spec, location, fs)
+    except UpstreamFailed as exc:
+        # a bucket that does not exist (yet) stages as an empty folder, as in the reference:
+        # a cell that writes nothing there succeeds, one that writes fails at the write-back
+        if not isinstance(exc.__cause__, FileNotFoundError):
+            raise
+        entries = []
     if len(entries) == 1 and entries[0].name == location.path:
         raise BadRequest(f"Read-write mount '{spec.name}' must name a folder, not one object")
     digest = sha256(spec.uri.encode()).hexdigest()[:12]

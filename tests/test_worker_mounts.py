@@ -138,3 +138,11 @@ def test_mount_errors_are_clear(mounted: tuple[WorkerProcess, S3Server]) -> None
         missing = execute(c, "x = 1", mounts=[_mount(s3, "s3://no-such-bucket-here/x")])
         assert missing.status_code == 502
         assert "no-such-bucket-here" in missing.json()["detail"]
+        # read-write, as the reference: an empty folder; only writing there fails
+        unread = _mount(s3, "s3://no-such-bucket-here/x", mode="rw", name="out")
+        untouched = read_bundle(execute(c, "seen = sorted(p.name for p in out.iterdir())",
+                                        mounts=[unread]))  # fmt: skip
+        assert untouched.manifest["success"] and untouched.variables["seen"]["preview"] == []
+        written = execute(c, "(out / 'w.txt').write_text('hi')", mounts=[unread])
+        assert written.status_code == 502
+        assert "no-such-bucket-here" in written.json()["detail"]
