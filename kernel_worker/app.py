@@ -82,9 +82,11 @@ def _startup_failure(exc: BaseException, settings: Settings) -> str:
         return f"the preload {settings.preload} failed: {exc}"
     if isinstance(exc, KernelStartError):
         return f"the kernels could not start: {exc}"
-    if isinstance(exc, OSError) and settings.metrics_port is not None:
-        return f"--metrics-port {settings.metrics_port}: {exc.strerror or exc}"
-    return f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, _MetricsPortFailed):
+        cause = exc.__cause__
+        reason = getattr(cause, "strerror", None) or cause
+        return f"--metrics-port {settings.metrics_port}: {reason}"
+    return f"the kernels could not start: {type(exc).__name__}: {exc}"
 
 
 async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
@@ -96,6 +98,8 @@ async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         stopping.cancel()
+        if not starting.done() and not stop.is_set():  # this wait itself was cancelled
+            starting.cancel()
     if starting.done():
         starting.result()
         return True
@@ -158,7 +162,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             started = await _start_unless_stopped(pool, state.stop_requested)
             metrics_server = _serve_metrics(settings, metrics) if started else None
-        except (KernelStartError, OSError) as exc:
+        except (KernelStartError, OSError, _MetricsPortFailed) as exc:
             if state.end_server is None:
                 raise
             await pool.aclose()
@@ -250,13 +254,20 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
+class _MetricsPortFailed(Exception):
+    """The metrics server could not listen (its cause says why)."""
+
+
 def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> Any:
     """With ``--metrics-port``, expose /metrics there (no token) besides the gated route."""
     if settings.metrics_port is None:
         return None
-    server, _thread = start_http_server(
-        settings.metrics_port, addr=settings.host, registry=metrics.registry
-    )
+    try:
+        server, _thread = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=metrics.registry
+        )
+    except OSError as exc:
+        raise _MetricsPortFailed from exc
     return server
 
 

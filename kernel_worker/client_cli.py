@@ -206,7 +206,7 @@ def _load(parser: argparse.ArgumentParser, name: str, raw: str) -> object:
     path = Path(raw)
     if path.is_dir():
         parser.error(f"--input {name}={raw} is a folder: the command line sends files")
-    if not path.is_file():
+    if not path.exists():  # (a pipe or a device is read as a file)
         parser.error(f"--input {name}={raw}: no such file")
     reader = _READERS.get(path.suffix.lower())
     try:

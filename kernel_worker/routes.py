@@ -169,7 +169,7 @@ def _warm_kernels(kernels: Mapping[str, int]) -> int:
     return sum(kernels.get(state, 0) for state in ("idle", "busy", "resetting"))
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])
+@router.get("/health")
 async def health(request: Request) -> JSONResponse:
     """Liveness and capabilities: 200 while the worker can take cells, that is while a kernel
     is warm or one is on its way (a replacement starting after a timeout, the pool warming
@@ -213,7 +213,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse(body, status_code=200 if serving and not state.draining else 503)
 
 
-@router.api_route("/ready", methods=["GET", "HEAD"])
+@router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     """Readiness (a load balancer's probe): 200 only while a warm kernel exists and the
     worker is not draining, so traffic waits for the pool's warm-up."""
@@ -222,6 +222,12 @@ async def ready(request: Request) -> JSONResponse:
     is_ready = _warm_kernels(kernels) > 0 and not state.draining
     body = {"ready": is_ready, "draining": state.draining, "kernels": kernels}
     return JSONResponse(body, status_code=200 if is_ready else 503)
+
+
+# HEAD for load balancers and uptime checks: the same answer without a body (uvicorn drops
+# it); kept out of the schema, where it would repeat the GET operations' ids
+router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
+router.add_api_route("/ready", ready, methods=["HEAD"], include_in_schema=False)
 
 
 def _features() -> dict[str, object]:

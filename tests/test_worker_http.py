@@ -85,6 +85,9 @@ def test_probes_answer_head_too(client: httpx.Client, path: str) -> None:
     response = client.head(path)
     assert response.status_code == 200 and response.content == b""
     assert response.headers["content-type"] == "application/json"
+    schema = client.get("/openapi.json").json()  # HEAD stays out: no operation id twice
+    ids = [op["operationId"] for item in schema["paths"].values() for op in item.values()]
+    assert len(ids) == len(set(ids)) and "head" not in schema["paths"][path]
 
 
 # -- the bundle -----------------------------------------------------------------------------------
