@@ -68,10 +68,54 @@ def register_reset_hook(hook):
 
 
 def mark_before_preload():
-    """Remember which names exist before the preload, to tell preloaded names apart."""
+    """Remember which names exist before the preload, to tell preloaded names apart.
+
+    The lifeline starts here, before the preload: a pool killed while a model loads (for
+    minutes) took nothing down, and the kernels ran on, adopted, until the preload ended.
+    """
     global _before_preload
     _before_preload = frozenset(_shell().user_ns)
+    _start_lifeline()
+    _adopt_orphans()
     return len(_before_preload)
+
+
+def _adopt_orphans():
+    """Make this kernel the reaper of the processes its cells start (PR_SET_CHILD_SUBREAPER).
+
+    A process whose parent exits is adopted by the nearest such ancestor instead of init: a
+    shell's background job (``os.system('job &')``), or a daemon that forks twice, becomes
+    the kernel's child, which the pool's check after each request sees. Otherwise the job
+    ran on unseen, in the kernel's process group, writing into later requests' output.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
+
+
+def _reap_exited_children():
+    """Collect children that have exited and nobody waited for (an adopted orphan, a
+    ``Popen`` never waited on): as zombies they would look like processes left running."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as fh:
+            children = fh.read().split()
+    except OSError:
+        return
+    for child in children:
+        pid = int(child)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == b"Z":
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def _start_lazy_infrastructure_threads():
@@ -87,6 +131,7 @@ def _start_lazy_infrastructure_threads():
     except Exception:
         pass
     _start_lifeline()
+    _adopt_orphans()
     _forbid_tracing_when_unprivileged()
     _lean_messaging()  # noqa: F821 (from _inkernel_messaging.py)
 
@@ -724,6 +769,7 @@ def reset(context_problems=None):
     _restore_interpreter(problems)
     _restore_names(ns, problems)
     _restore_process_state(problems)
+    _reap_exited_children()
     restore_settings(problems)  # noqa: F821 (from _inkernel_state.py)
     problems += _clear_caches(shell)
     gc.collect()

@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from kernel_pool import Pool, PoolConfig
@@ -673,6 +676,55 @@ def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: Worker
     import pandas
 
     assert bundle.variables["rows"]["preview"] == pandas.get_option("display.max_rows")
+
+
+_DAEMON = (  # forks, and the child starts its own session: a daemon
+    "import os, time\n"
+    "if os.fork():\n    os._exit(0)\n"
+    "os.setsid()\n"
+    "for i in range(40):\n    os.write(1, b'LEAKED\\n'); time.sleep(0.05)\n"
+)
+
+
+@pytest.mark.parametrize(
+    "escape",
+    [
+        "os.system('(for i in $(seq 40); do echo LEAKED; sleep 0.05; done) &')",
+        f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {_DAEMON!r}])",
+    ],
+    ids=["background job", "daemon in its own session"],
+)
+def test_a_process_whose_parent_exited_is_found_and_its_output_stays_out(
+    solo_worker: WorkerProcess, escape: str
+) -> None:
+    """A shell's background job outlives the shell: it ran on in the kernel's process group,
+    unseen by the check after the request, and printed into later requests' stdout."""
+    probe = "import os, time\ntime.sleep(0.5)\nprint('probe', os.getpid())"
+    with httpx.Client(base_url=solo_worker.url, timeout=120) as client:
+        first = run_ok(client, f"import os\nbefore = os.getpid()\n{escape}")
+        second = run_ok(client, probe)
+        third = run_ok(client, probe)
+    assert "LEAKED" not in second.stdout() + third.stdout()
+    assert second.stdout() != f"probe {first.variables['before']['preview']}\n"  # replaced
+    deadline = time.monotonic() + 10
+    while any("LEAKED" in " ".join(p.cmdline()) or _loops_leaked(p) for p in _mine()):
+        assert time.monotonic() < deadline, "the job outlived its kernel"
+        time.sleep(0.1)
+
+
+def _mine() -> list[psutil.Process]:
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if "echo LEAKED" in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc)
+    return found
+
+
+def _loops_leaked(proc: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    return False
 
 
 def test_a_module_a_cell_wrote_is_imported_afresh_by_the_next(solo_worker: WorkerProcess) -> None:
