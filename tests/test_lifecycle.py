@@ -123,12 +123,8 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
         w.stop()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_a_stop_signal_during_a_long_preload_stops_the_worker_at_once(
-    tmp_path: Path, sig: signal.Signals
-) -> None:
-    """Kernels still starting (a preload that loads a model for minutes) are stopped: the
-    worker used to finish starting every kernel before it heard the signal."""
+def _worker_in_a_long_preload(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int], Path]:
+    """A worker whose two kernels are both running a 60 s preload: it, them, its log."""
     preload = tmp_path / "slow.py"
     preload.write_text("import time\ntime.sleep(60)\n")
     log = tmp_path / "worker.log"
@@ -137,15 +133,26 @@ def test_a_stop_signal_during_a_long_preload_stops_the_worker_at_once(
             "--run-dir", str(tmp_path / "runs")]  # fmt: skip
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=out)
+    deadline = time.monotonic() + 30
+    kernels: set[int] = set()
+    while len(kernels) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
+        time.sleep(0.1)
+        with contextlib.suppress(psutil.Error):
+            children = psutil.Process(proc.pid).children(recursive=True)
+            kernels = {p.pid for p in children if "ipykernel" in " ".join(p.cmdline())}
+    time.sleep(0.5)  # the preload is under way in both
+    return proc, kernels, log
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_signal_during_a_long_preload_stops_the_worker_at_once(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Kernels still starting (a preload that loads a model for minutes) are stopped: the
+    worker used to finish starting every kernel before it heard the signal."""
+    proc, kernels, log = _worker_in_a_long_preload(tmp_path)
     try:
-        deadline = time.monotonic() + 30
-        kernels: set[int] = set()
-        while len(kernels) < 2:  # both kernels are running the preload
-            assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
-            time.sleep(0.1)
-            with contextlib.suppress(psutil.Error):
-                children = psutil.Process(proc.pid).children(recursive=True)
-                kernels = {p.pid for p in children if "ipykernel" in " ".join(p.cmdline())}
         signalled = time.monotonic()
         proc.send_signal(sig)
         assert proc.wait(timeout=20) == 0, log.read_text()
@@ -156,6 +163,23 @@ def test_a_stop_signal_during_a_long_preload_stops_the_worker_at_once(
         assert "stopped while the kernels were starting" in text and "Traceback" not in text
     finally:
         stop_process(proc, 10)
+
+
+def test_sigkill_of_the_worker_during_a_long_preload_takes_its_kernels_down(
+    tmp_path: Path,
+) -> None:
+    """The kernels' lifeline runs before the preload: they used to run on, adopted, until
+    the preload ended (a model holding a GPU for minutes)."""
+    proc, kernels, _ = _worker_in_a_long_preload(tmp_path)
+    try:
+        proc.kill()
+        proc.wait(timeout=10)
+        wait_gone(kernels, 10, "kernels outlived their SIGKILLed worker")
+    finally:
+        stop_process(proc, 10)
+        for pid in kernels:  # (only if the assertion above failed)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
 
 
 def test_sigkill_of_the_worker_takes_kernels_and_cell_processes_down(
