@@ -472,6 +472,9 @@ def keep_transfer_buffers() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 32 << 20))
 
 
+#: after the drain, how long answers still being sent may take before they are cut off
+CLOSE_SECONDS = 5.0
+
 #: the exit status when the kernels, the preload or the metrics port fail at start (uvicorn's)
 STARTUP_FAILURE_STATUS = 3
 
@@ -529,6 +532,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         log_level=settings.log_level,
         log_config=None,  # keep our handler (request ids, JSON lines)
         access_log=False,  # our middleware logs each request with its id
+        # after the drain: answers still being sent (a client that stopped reading, or
+        # sending) are cut off after this long, so a stop never waits on a client
+        timeout_graceful_shutdown=CLOSE_SECONDS,
     )
     # bound before the pool starts: a port in use fails at once, not after every kernel
     # (and a preload that may take minutes) has started

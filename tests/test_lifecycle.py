@@ -264,6 +264,38 @@ def _complete(data: bytes) -> bool:
     return True
 
 
+@pytest.mark.parametrize("stalls", ["reading the answer", "sending the body"])
+def test_a_client_that_stalls_does_not_hold_the_stop(
+    tmp_path_factory: pytest.TempPathFactory, stalls: str
+) -> None:
+    """After the drain, an answer still being sent is cut off within a few seconds: a client
+    that stopped reading (or sending) kept the worker up for as long as it kept the socket,
+    a second SIGTERM included."""
+    w = start_worker(tmp_path_factory, "--pool-size", "1", "--drain-seconds", "1")
+    try:
+        kernels = w.remember_kernels()
+        meta = json.dumps(v1_metadata("import sys\nsys.stdout.write('x' * 40_000_000)")).encode()
+        body = (
+            b"--b0undary\r\nContent-Disposition: form-data; name=\"metadata\"; "
+            b"filename=\"metadata.json\"\r\n\r\n" + meta + b"\r\n--b0undary--\r\n"
+        )
+        if stalls == "reading the answer":
+            client = _upload_start(w.port, body, len(body))
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            assert client.recv(64).startswith(b"HTTP/1.1 200")  # then it reads no more
+        else:
+            client = _upload_start(w.port, body[:40], len(body) + 1000)
+            time.sleep(0.5)
+        with client:
+            signalled = time.monotonic()
+            w.proc.send_signal(signal.SIGTERM)
+            assert w.proc.wait(timeout=30) == 0
+            assert time.monotonic() - signalled < 15  # drain 1 s, then at most 5 s more
+        wait_gone(kernels, 10, "kernels outlived their worker")
+    finally:
+        w.stop()
+
+
 def test_an_upload_that_stops_sending_is_answered_408_and_discarded(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
