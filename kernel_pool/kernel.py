@@ -311,6 +311,10 @@ class Kernel:
         except KernelDied as exc:  # e.g. a preload that crashes the interpreter
             message = f"the kernel died running it (exit status {exc.exit_code})"
             raise self._start_failure(what, message) from exc
+        except ExecutionTimeout as exc:
+            limit = self._config.start_timeout_seconds
+            message = f"it did not finish within the kernel start timeout ({limit:g}s)"
+            raise self._start_failure(what, message) from exc
         if not result.ok:
             message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
             where = _where_in_cell(result.reply.get("traceback"))

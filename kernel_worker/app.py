@@ -73,6 +73,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         env=kernel_env,
         kernel_user=settings.kernel_user,
         interrupt_grace_seconds=settings.interrupt_grace_seconds,
+        start_timeout_seconds=settings.kernel_start_timeout,
     )
 
 

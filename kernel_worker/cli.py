@@ -161,6 +161,12 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "Python file run in every kernel at start (imports, models); its names stay warm",
     ),
     (
+        "--kernel-start-timeout",
+        f"{ENV_PREFIX}KERNEL_START_TIMEOUT",
+        _positive_seconds,
+        "seconds a kernel may take to start, its preload included (default 600)",
+    ),
+    (
         "--recycle",
         f"{ENV_PREFIX}RECYCLE",
         str,
@@ -473,7 +479,7 @@ def keep_transfer_buffers() -> bool:
 
 
 #: after the drain, how long answers still being sent may take before they are cut off
-CLOSE_SECONDS = 5.0
+CLOSE_SECONDS = 5
 
 #: the exit status when the kernels, the preload or the metrics port fail at start (uvicorn's)
 STARTUP_FAILURE_STATUS = 3

@@ -147,6 +147,23 @@ def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPat
     ), stderr
 
 
+def test_a_preload_longer_than_the_start_timeout_stops_startup_with_one_line(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    preload = tmp_path / "slow.py"  # type: ignore[operator]
+    preload.write_text("import time\ntime.sleep(30)\n")
+    stderr = _failed_start("--preload", str(preload), "--kernel-start-timeout", "2")
+    assert "did not finish within the kernel start timeout (2s)" in stderr, stderr
+
+
+def test_the_kernel_start_timeout_allows_long_preloads() -> None:
+    assert settings_from([], {}).kernel_start_timeout == 600.0  # a model may load for minutes
+    env = {"STRATA_KERNEL_WORKER_KERNEL_START_TIMEOUT": "1800"}
+    assert settings_from([], env).kernel_start_timeout == 1800.0
+    with pytest.raises(SystemExit):
+        settings_from(["--kernel-start-timeout", "0"], {})
+
+
 def test_a_metrics_port_in_use_stops_startup_with_one_line() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
