@@ -160,10 +160,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         swept = await asyncio.to_thread(sweep_stale_run_dirs, settings.run_root)
         if swept:
             log.info("removed %d run directories left by workers that died", swept)
+        metrics_server = None
         try:
+            # the metrics port first: one in use fails at once, not after the kernels start
+            metrics_server = _serve_metrics(settings, metrics)
             started = await _start_unless_stopped(pool, state.stop_requested)
-            metrics_server = _serve_metrics(settings, metrics) if started else None
         except (KernelStartError, OSError, _MetricsPortFailed) as exc:
+            if metrics_server is not None:
+                metrics_server.shutdown()
             if state.end_server is None:
                 raise
             await pool.aclose()
@@ -173,6 +177,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             return
         if not started:
             log.warning("stopped while the kernels were starting")
+            if metrics_server is not None:
+                metrics_server.shutdown()
             await pool.aclose()
             yield
             return
