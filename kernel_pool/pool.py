@@ -65,6 +65,7 @@ class Pool:
         self._lease_slots = asyncio.Semaphore(config.size)
         self._free_slots: list[str | None] = self._initial_slots()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._starts: set[asyncio.Task[Any]] = set()  # kernel starts among them
         self._refill_wanted = asyncio.Event()
         self._failed_starts = 0  # since the refill loop last looked
         self._last_failure: BaseException | None = None
@@ -359,7 +360,7 @@ class Pool:
                 except Exception as exc:
                     self._start_failed(exc)
                     break
-                self._spawn(self._refill_one(kernel))
+                self._spawn(self._refill_one(kernel), start=True)
 
     async def _refill_one(self, kernel: Kernel) -> None:
         try:
@@ -378,8 +379,14 @@ class Pool:
         self._refill_wanted.set()
 
     async def _drain_tasks(self) -> None:
-        """Let resets and kills finish (bounded); cancel what is still running after that."""
+        """Let resets and kills finish (bounded); cancel what is still running after that.
+
+        Kernel starts under way are cancelled at once (each kills its kernel): a
+        replacement's preload may take minutes, and no kernel is wanted any more.
+        """
         self._refill_wanted.set()
+        for task in self._starts:
+            task.cancel()
         deadline = time.monotonic() + self.config.shutdown_timeout_seconds
         while self._tasks:
             remaining = deadline - time.monotonic()
@@ -390,14 +397,18 @@ class Pool:
                 return
             await asyncio.wait(set(self._tasks), timeout=remaining)
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Run a background task owned by the pool (cancelled and awaited by aclose)."""
+    def _spawn(self, coro: Coroutine[Any, Any, Any], *, start: bool = False) -> None:
+        """Run a background task owned by the pool (cancelled and awaited by aclose);
+        ``start``: a kernel start, which closing the pool cancels at once."""
         task = asyncio.create_task(coro)
         self._tasks.add(task)
+        if start:
+            self._starts.add(task)
         task.add_done_callback(self._task_done)
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
+        self._starts.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("pool background task failed", exc_info=task.exception())
 

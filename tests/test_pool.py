@@ -685,3 +685,32 @@ async def test_loop_work_a_cell_finishes_itself_is_fine(pool: Pool, last: bool) 
     assert pool.stats().retirements["failed_reset"] == 0
     async with pool.lease() as lease:
         assert lease.kernel_id == first
+
+
+async def test_closing_stops_a_replacement_whose_preload_is_still_running(tmp_path: Path) -> None:
+    """A replacement's preload (a model loading for minutes) is cut short by closing the
+    pool, and its kernel stopped: the close waited for it, up to the shutdown timeout."""
+    marker = tmp_path / "started-once"
+    preload = (  # quick the first time, slow for every replacement
+        f"import os, time\nif os.path.exists({str(marker)!r}):\n    time.sleep(60)\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+    )
+    pool = Pool(PoolConfig(size=1, preload=preload))
+    await pool.start()
+    try:
+        async with pool.lease() as lease:
+            with pytest.raises(KernelDied):
+                await lease.execute("import os\nos._exit(1)", deadline=time.monotonic() + 20)
+        deadline = time.monotonic() + 20
+        starting: set[int] = set()
+        while not starting:  # the replacement is running its preload
+            assert time.monotonic() < deadline, pool.stats()
+            await asyncio.sleep(0.1)
+            starting = {k.pid for k in pool._kernels.values() if k.pid is not None}
+    finally:
+        closing = time.monotonic()
+        await pool.aclose()
+        took = time.monotonic() - closing
+    assert took < 5, f"closing took {took:.1f}s"
+    for pid in starting:
+        assert not alive(pid), "the starting kernel outlived the pool"
