@@ -247,6 +247,9 @@ def _set_subreaper(on: bool) -> None:
     _prctl(_PR_SET_CHILD_SUBREAPER, int(on), 0, 0, 0)
 
 
+_ABANDON_WAIT_SECONDS = 5.0
+
+
 def _kill_orphan(reply: Mapping[str, Any]) -> None:
     """Kill the kernel of a reply nobody waits for any more (with its process group)."""
     pid = reply.get("pid")
@@ -254,6 +257,21 @@ def _kill_orphan(reply: Mapping[str, Any]) -> None:
         log.warning("killing kernel %s: its start was abandoned", pid)
         signal_group(pid, signal.SIGKILL)
         ForkedKernelProcess(pid).watch(lambda _: None)  # reaped if this process adopted it
+
+
+async def _kill_when_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
+    """A start cancelled while the fork server forks: its kernel may exist already, and no
+    one would own it (a pool closing while a replacement starts left it running for good,
+    before its lifeline had begun). It is killed when the reply names it; the cancelled
+    start waits a moment for that, so what follows (the pool's close) comes after."""
+    asking.add_done_callback(_kill_forked)
+    with contextlib.suppress(BaseException):  # (cancelled again: the callback still acts)
+        await asyncio.wait({asking}, timeout=_ABANDON_WAIT_SECONDS)
+
+
+def _kill_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
+    if not asking.cancelled() and asking.exception() is None:
+        _kill_orphan(asking.result())
 
 
 class ForkServer:
@@ -312,7 +330,12 @@ class ForkServer:
         }  # fmt: skip
         async with self._lock:
             with _adopting_orphans():
-                reply = await self._ask(request, deadline)
+                asking = asyncio.ensure_future(self._ask(request, deadline))
+                try:
+                    reply = await asyncio.shield(asking)
+                except asyncio.CancelledError:
+                    await _kill_when_forked(asking)
+                    raise
                 if isinstance(reply.get("pid"), int):
                     _remember_session(reply["pid"])
         if "pid" not in reply:

@@ -246,6 +246,30 @@ async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: P
         await server.aclose()
 
 
+async def test_a_fork_cancelled_while_forking_is_killed_with_no_later_request(
+    tmp_path: Path,
+) -> None:
+    """A start cancelled while the fork server forks (a pool closing while a replacement
+    starts): no later request reads its reply, and the kernel ran on for good."""
+    server = ForkServer(os.environ)
+    marker = str(tmp_path / "cancelled.json")
+    try:
+        deadline = time.monotonic() + 30
+        forking = asyncio.ensure_future(
+            server.spawn(["-f", marker], os.environ, str(tmp_path), None, "", None, deadline)
+        )
+        await asyncio.sleep(0.05)  # the request is sent; the fork server is forking
+        forking.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await forking
+    finally:
+        await server.aclose()
+    deadline = time.monotonic() + 10
+    while [p for p in psutil.process_iter() if alive(p.pid) and marker in _cmdline(p)]:
+        assert time.monotonic() < deadline, "the cancelled fork's kernel was left running"
+        await asyncio.sleep(0.05)
+
+
 async def _start_and_close(config: PoolConfig) -> None:
     async with Pool(config):
         pass
