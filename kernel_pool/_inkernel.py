@@ -130,9 +130,7 @@ def _start_lazy_infrastructure_threads():
         zmq_gc.start()
     except Exception:
         pass
-    _start_lifeline()
-    _adopt_orphans()
-    _forbid_tracing_when_unprivileged()
+    _forbid_tracing_when_unprivileged()  # (the lifeline began before the preload)
     _lean_messaging()  # noqa: F821 (from _inkernel_messaging.py)
 
 
@@ -195,7 +193,9 @@ def capture():
     ns = shell.user_ns
     hm = shell.history_manager
     _watch_putenv()
-    _retire_default_executor()
+    deadline = time.monotonic() + 1.0
+    for thread in _retire_default_executor():  # (one still busy stays, in the baseline)
+        thread.join(max(0.0, deadline - time.monotonic()))
     _baseline.clear()
     _baseline.update(
         names=dict(ns),
@@ -222,7 +222,6 @@ def capture():
         path_hooks=list(sys.path_hooks),
         fds=_save_fds(),
         asyncgen_hooks=tuple(sys.get_asyncgen_hooks()),
-        loop_executor=getattr(_running_loop(), "_default_executor", None),
         gc_callbacks=list(gc.callbacks),
     )
     capture_module_patches()  # noqa: F821 (from _inkernel_patches.py)
@@ -334,19 +333,18 @@ def _cells(function):
 
 
 def _retire_default_executor():
-    """The event loop's default executor, which a preload's ``asyncio.to_thread`` made, is
-    shut down before the baseline: its idle threads never end, so a cell's own calls would
-    have added threads that look left running (and retired the kernel every time)."""
+    """Shut down the event loop's default executor (``asyncio.to_thread``), if it has one,
+    and return its threads: idle ones end, one still at work does not. Its idle threads
+    never end otherwise, so threads it started for a cell looked left running (and retired
+    the kernel every time). Done before the baseline too, for one a preload made."""
     loop = _running_loop()
     executor = getattr(loop, "_default_executor", None)
     if executor is None or not hasattr(executor, "shutdown"):
-        return
+        return []
     threads = list(getattr(executor, "_threads", ()))
     executor.shutdown(wait=False)
     loop._default_executor = None
-    deadline = time.monotonic() + 1.0
-    for thread in threads:  # (one still busy stays, part of the baseline)
-        thread.join(max(0.0, deadline - time.monotonic()))
+    return threads
 
 
 _put_names = set()  # names passed to os.putenv / os.unsetenv since the last reset
@@ -728,11 +726,7 @@ def _threads_left():
     """Threads started since the baseline that are still running. The event loop's default
     executor (``await asyncio.to_thread(...)``) is shut down first, and threads get a
     moment to end: one ending just after the cell is not worth a new kernel."""
-    loop = _running_loop()
-    executor = getattr(loop, "_default_executor", None)
-    if executor is not _baseline["loop_executor"] and hasattr(executor, "shutdown"):
-        executor.shutdown(wait=False)  # its idle threads end; one still at work is reported
-        loop._default_executor = _baseline["loop_executor"]
+    _retire_default_executor()
     left = [
         thread
         for thread in threading.enumerate()

@@ -161,25 +161,26 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         if swept:
             log.info("removed %d run directories left by workers that died", swept)
         metrics_server = None
+        failure: BaseException | None = None
         try:
             # the metrics port first: one in use fails at once, not after the kernels start
             metrics_server = _serve_metrics(settings, metrics)
             started = await _start_unless_stopped(pool, state.stop_requested)
         except (KernelStartError, OSError, _MetricsPortFailed) as exc:
-            if metrics_server is not None:
-                metrics_server.shutdown()
-            if state.end_server is None:
+            if state.end_server is None:  # an app served some other way: its host reports it
+                if metrics_server is not None:
+                    metrics_server.shutdown()
                 raise
-            await pool.aclose()
-            state.startup_failure = _startup_failure(exc, settings)
-            state.end_server()
-            yield
-            return
-        if not started:
-            log.warning("stopped while the kernels were starting")
+            started, failure = False, exc
+        if not started:  # stopped while starting, or failed: nothing to serve
             if metrics_server is not None:
                 metrics_server.shutdown()
             await pool.aclose()
+            if failure is None:
+                log.warning("stopped while the kernels were starting")
+            elif state.end_server is not None:
+                state.startup_failure = _startup_failure(failure, settings)
+                state.end_server()
             yield
             return
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)

@@ -415,9 +415,6 @@ class _DrainingServer:
     def __new__(cls, config: Any, state: Any, drain_seconds: float) -> Any:
         import uvicorn
 
-        def stop_starting() -> None:
-            state.stop_requested.set()
-
         class Server(uvicorn.Server):
             signals = 0
             cut: asyncio.Event | None = None
@@ -429,7 +426,7 @@ class _DrainingServer:
                 running = asyncio._get_running_loop()  # (this runs in a signal handler)
                 if running is not None:
                     running.call_soon_threadsafe(_stopping, sig, self.signals, self.started)
-                    running.call_soon_threadsafe(stop_starting)
+                    running.call_soon_threadsafe(state.stop_requested.set)
                 if self.signals >= 2 and self.cut is not None and self.loop is not None:
                     self.loop.call_soon_threadsafe(self.cut.set)  # from a signal handler
                 if self.signals >= 3 and sig == signal.SIGINT:
