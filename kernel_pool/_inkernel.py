@@ -3,10 +3,12 @@
 This file is never imported by the pool process. Its source, followed by those of
 ``_inkernel_state.py``, ``_inkernel_logging.py``, ``_inkernel_modules.py`` and
 ``_inkernel_patches.py`` (the interpreter, process, logging and module settings a reset
-restores) and ``_inkernel_messaging.py`` (what the kernel publishes, and when), is sent to
-each kernel once at start-up and executed there as the module ``_kernel_pool_agent``
-(stdlib only). The pool then calls its functions through ``user_expressions``, so nothing
-is ever bound in the user namespace by the pool itself.
+restores), ``_inkernel_imports.py`` and ``_inkernel_threads.py`` (which entries of
+``sys.modules`` and which threads left running are a library's) and
+``_inkernel_messaging.py`` (what the kernel publishes, and when), is sent to each kernel
+once at start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only).
+The pool then calls its functions through ``user_expressions``, so nothing is ever bound
+in the user namespace by the pool itself.
 
 Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook` to have
 its own per-request state cleared by every reset.
@@ -188,6 +190,8 @@ def capture():
     """Record the warm baseline that every reset returns to; returns a small summary."""
     global _preloaded
     _start_lazy_infrastructure_threads()
+    watch_thread_starts(_shell())  # noqa: F821 (from _inkernel_threads.py)
+    watch_imports()  # noqa: F821 (from _inkernel_imports.py)
     capture_settings()  # noqa: F821 (from _inkernel_state.py, shipped into this module too)
     shell = _shell()
     ns = shell.user_ns
@@ -213,7 +217,6 @@ def capture():
             for name in _GUARDED_MODULES
             if name in sys.modules
         },
-        module_table=_Snapshot(sys.modules),
         sys_hooks={name: getattr(sys, name, _MISSING) for name in _SYS_HOOKS},
         closed_streams=frozenset(_closed_streams()),
         importer_cache=_Snapshot(sys.path_importer_cache),
@@ -224,10 +227,11 @@ def capture():
         asyncgen_hooks=tuple(sys.get_asyncgen_hooks()),
         gc_callbacks=list(gc.callbacks),
     )
+    capture_module_table()  # noqa: F821 (from _inkernel_imports.py)
     capture_module_patches()  # noqa: F821 (from _inkernel_patches.py)
     watch_attribute_stores(shell)  # noqa: F821 (from _inkernel_patches.py)
     _preloaded = frozenset(
-        name for name in ns if name not in _before_preload and not name.startswith("_")
+        name for name in list(ns) if name not in _before_preload and not name.startswith("_")
     )
     if _restore_after_execute not in shell.events.callbacks["post_execute"]:
         shell.events.register("post_execute", _restore_after_execute)
@@ -301,7 +305,7 @@ class _Snapshot:
             if current.get(key, _MISSING) is not value:
                 current[key] = value
         if exact:
-            for key in [k for k in current if k not in self.items]:
+            for key in [k for k in list(current) if k not in self.items]:
                 del current[key]
 
 
@@ -407,26 +411,12 @@ def _restore_interpreter(problems):
         sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=finalizer)
     if gc.callbacks != _baseline["gc_callbacks"]:
         # a library's own (added as a cell imported it) stays, as its warning filters do
-        kept = [c for c in gc.callbacks if c not in _baseline["gc_callbacks"] and not _cells(c)]
+        baseline = _baseline["gc_callbacks"]
+        kept = [c for c in list(gc.callbacks) if c not in baseline and not _cells(c)]
         gc.callbacks[:] = _baseline["gc_callbacks"] + kept
     # a finder a cell put there would run later requests' imports; any other is rebuilt
     _baseline["importer_cache"].restore(sys.path_importer_cache, exact=True)
-    modules = sys.modules
-    baseline = _baseline["modules"]
-    if not _baseline["module_table"].unchanged(modules, exact=False):
-        for name, module in baseline.items():
-            if modules.get(name, _MISSING) is not module:
-                modules[name] = module
-    if len(modules) != len(baseline):  # what cells imported since stays, but not stand-ins:
-        # one a cell put where a module is imported from (a mock of a heavy library) would
-        # answer later requests' imports, and so would what imported it meanwhile
-        stand_ins = sorted(
-            name
-            for name, value in list(modules.items())
-            if not isinstance(value, _MODULE) and baseline.get(name, _MISSING) is not value
-        )
-        if stand_ins:
-            problems.append(f"sys.modules holds stand-ins for modules: {', '.join(stand_ins[:5])}")
+    restore_module_table()  # noqa: F821 (from _inkernel_imports.py)
     _restore_std_fds(problems)
 
 
@@ -480,7 +470,7 @@ def _restore_after_execute():
 
 def _restore_names(ns, problems):
     names = _baseline["names"]
-    for name in [n for n in ns if n not in names]:
+    for name in [n for n in list(ns) if n not in names]:
         del ns[name]
     for name, obj in names.items():
         current = ns.get(name, _MISSING)
@@ -553,7 +543,7 @@ def _forget_cell_sources(shell):
     if not isinstance(names, dict) or len(names) <= len(kept):
         return
     extra = getattr(linecache, "_ipython_cache", None)
-    for name in [n for n in names if n not in kept]:
+    for name in [n for n in list(names) if n not in kept]:
         del names[name]
         linecache.cache.pop(name, None)
         if isinstance(extra, dict):
@@ -572,8 +562,8 @@ def _flush_output_cache(shell):
     hook = shell.displayhook
     ns, hidden = shell.user_ns, shell.user_ns_hidden
     cache = ns.get("_oh")
-    numbered = {f"_{n}" for n in cache} if isinstance(cache, dict) else set()
-    numbered.update(k for k in hidden if k[:1] == "_" and k.lstrip("_i").isdigit())
+    numbered = {f"_{n}" for n in list(cache)} if isinstance(cache, dict) else set()
+    numbered.update(k for k in list(hidden) if k[:1] == "_" and k.lstrip("_i").isdigit())
     numbered.difference_update(_baseline.get("names", ()))  # a preload's own `_1` stays
     for key in numbered:
         ns.pop(key, None)
@@ -667,7 +657,7 @@ def _machinery(shell):
         ),
         "AST transformers": tuple(getattr(shell, "ast_transformers", ())),
         "shell methods": {
-            name: value for name, value in vars(shell).items() if _is_function(value)
+            name: value for name, value in list(vars(shell).items()) if _is_function(value)
         },
         "message handlers": dict(getattr(kernel, "shell_handlers", None) or {}),
     }
@@ -715,31 +705,8 @@ def _verify(ns, problems):
         problems.append(f"{left_open} more file descriptors are open than at the baseline")
     for name in set(_closed_streams()) - _baseline["closed_streams"]:
         problems.append(f"sys.{name} was closed")  # no reopening it: later writes would fail
-    for thread in _threads_left():
+    for thread in threads_left(problems):  # noqa: F821 (from _inkernel_threads.py)
         problems.append(f"thread {thread.name!r} is still running")
-
-
-_THREAD_GRACE_SECONDS = 0.25
-
-
-def _threads_left():
-    """Threads started since the baseline that are still running. The event loop's default
-    executor (``await asyncio.to_thread(...)``) is shut down first, and threads get a
-    moment to end: one ending just after the cell is not worth a new kernel."""
-    _retire_default_executor()
-    left = [
-        thread
-        for thread in threading.enumerate()
-        if thread.ident not in _baseline["threads"] and thread.is_alive()
-    ]
-    deadline = time.monotonic() + _THREAD_GRACE_SECONDS
-    for thread in left:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            break
-        with contextlib.suppress(RuntimeError):  # (the reset's own thread: never the case)
-            thread.join(remaining)
-    return [thread for thread in left if thread.is_alive()]
 
 
 def reset(context_problems=None):
@@ -771,7 +738,11 @@ def reset(context_problems=None):
     # the next reset's collection proportional to what the next cell allocates.
     gc.freeze()
     _verify(ns, problems)
-    return {"clean": not problems, "problems": problems}
+    return {
+        "clean": not problems,
+        "problems": problems,
+        "library_processes": library_processes(),  # noqa: F821 (from _inkernel_threads.py)
+    }
 
 
 def _parent_asking_reset(shell):

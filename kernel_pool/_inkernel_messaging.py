@@ -378,7 +378,7 @@ def _skip_idle_flushes(stream):
     def flush_if_pending():
         if not (stream._flush_pending or stream._subprocess_flush_pending or sending[0]):
             with lock:
-                if not any(buffer.tell() for buffer in stream._buffers.values()):
+                if not any(buffer.tell() for buffer in list(stream._buffers.values())):
                     return
         flush()
 

@@ -161,7 +161,7 @@ def _restore_shell(problems):
     _restore_inline_backend()
     hidden = shell.user_ns_hidden
     if len(hidden) != len(recorded["hidden"]):  # (with the numbered ones each cell adds)
-        for name in [name for name in hidden if name not in recorded["hidden"]]:
+        for name in [name for name in list(hidden) if name not in recorded["hidden"]]:
             del hidden[name]
 
 
@@ -177,7 +177,7 @@ def _formatter_settings(shell):
     formatter) is a cell's choice, undone."""
     return {
         mime: (formatter, formatter.enabled, _builtin_printers(formatter))
-        for mime, formatter in shell.display_formatter.formatters.items()
+        for mime, formatter in list(shell.display_formatter.formatters.items())
     }
 
 
@@ -185,7 +185,7 @@ def _builtin_printers(formatter):
     printers = getattr(formatter, "type_printers", None)
     if not isinstance(printers, dict):
         return None
-    return {kind: p for kind, p in printers.items() if _builtin(kind)}
+    return {kind: p for kind, p in list(printers.items()) if _builtin(kind)}
 
 
 def _builtin(kind):
@@ -195,7 +195,7 @@ def _builtin(kind):
 def _restore_formatters(shell, recorded):
     formatters = shell.display_formatter.formatters
     if formatters.keys() != recorded.keys():
-        for mime in [mime for mime in formatters if mime not in recorded]:
+        for mime in [mime for mime in list(formatters) if mime not in recorded]:
             del formatters[mime]
     for mime, (formatter, enabled, builtin) in recorded.items():
         if formatters.get(mime) is not formatter:
@@ -204,7 +204,7 @@ def _restore_formatters(shell, recorded):
             formatter.enabled = enabled
         if builtin is not None and _builtin_printers(formatter) != builtin:
             printers = formatter.type_printers
-            for kind in [k for k in printers if _builtin(k)]:
+            for kind in [k for k in list(printers) if _builtin(k)]:
                 del printers[kind]
             printers.update(builtin)
 
@@ -254,7 +254,7 @@ def _match_figure_printers(backend):
         _recorded["figure printers"] = _figure_printers(shell, figure)
         return
     formatters = shell.display_formatter.formatters
-    for mime, formatter in formatters.items():
+    for mime, formatter in list(formatters.items()):
         wanted = recorded.get(mime)
         if formatter.type_printers.get(figure) is wanted:
             continue
@@ -266,7 +266,7 @@ def _match_figure_printers(backend):
 
 def _figure_printers(shell, figure):
     formatters = shell.display_formatter.formatters
-    return {mime: f.type_printers.get(figure) for mime, f in formatters.items()}
+    return {mime: f.type_printers.get(figure) for mime, f in list(formatters.items())}
 
 
 def _stdlib_settings():
@@ -294,7 +294,7 @@ def _restore_reducers(baseline):
     for kind, reducer in baseline.items():
         if table.get(kind) is not reducer:
             table[kind] = reducer
-    for kind in [k for k in table if k not in baseline]:
+    for kind in [k for k in list(table) if k not in baseline]:
         if getattr(kind, "__module__", None) in ("builtins", "__main__"):
             del table[kind]
 
@@ -517,9 +517,8 @@ def _keep_registrations_made_on_import(module, name, table):
         result = register(*args, **kwargs)
         recorded = _library_state.get("sqlite3")
         if recorded is not None and _importing():
-            recorded[table].update(
-                (key, value) for key, value in registry.items() if before.get(key) is not value
-            )
+            entries = list(registry.items())
+            recorded[table].update((k, v) for k, v in entries if before.get(k) is not v)
         return result
 
     wrapper._kernel_pool_kept_at_import = True
@@ -602,7 +601,7 @@ def _record_library(name, capture, module):
 
 
 def _restore_libraries(problems, *, in_context):
-    for name, recorded in _library_state.items():
+    for name, recorded in list(_library_state.items()):
         module = sys.modules.get(name)
         if module is None or (name in _IN_CONTEXT) != in_context:
             continue

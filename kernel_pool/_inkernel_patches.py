@@ -52,7 +52,7 @@ def capture_module_patches():
         attributes = getattr(module, "__dict__", None)
         if not isinstance(attributes, dict):
             continue
-        names = [key for key, value in attributes.items() if callable(value)]
+        names = [key for key, value in list(attributes.items()) if callable(value)]
         if len(names) < 2:  # itemgetter of one name gives the value, not a tuple
             names += ["__name__", "__name__"]
         get = operator.itemgetter(*names)  # noqa: F821 (operator from _inkernel_state.py)
@@ -229,7 +229,7 @@ def restore_touched(problems):
             for key, value in saved.items():
                 if current.get(key, _MISSING) is not value:  # noqa: F821
                     current[key] = value
-            for key in [k for k in current if k not in saved]:
+            for key in [k for k in list(current) if k not in saved]:
                 if not isinstance(current[key], types.ModuleType):  # a submodule stays
                     del current[key]
             continue
@@ -237,6 +237,6 @@ def restore_touched(problems):
             if current.get(key, _MISSING) is not value:  # noqa: F821
                 with contextlib.suppress(Exception):  # noqa: F821
                     setattr(owner, key, value)
-        for key in [k for k in current if k not in saved]:
+        for key in [k for k in list(current) if k not in saved]:
             with contextlib.suppress(Exception):  # noqa: F821
                 delattr(owner, key)

@@ -24,7 +24,7 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +41,7 @@ from .errors import (
 )
 from .forkserver import ForkServer, killed_with_kernel
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
-from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output
+from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
     NATIVE_KERNEL_NAME,
     descendants,
@@ -59,6 +59,8 @@ _INKERNEL_FILES = (
     "_inkernel_logging",
     "_inkernel_modules",
     "_inkernel_patches",
+    "_inkernel_imports",
+    "_inkernel_threads",
     "_inkernel_messaging",
 )
 _INKERNEL_SOURCE = "\n".join(
@@ -361,6 +363,12 @@ class Kernel:
                 total += psutil.Process(pid).memory_info().rss
         return int(total)
 
+    def keep_library_processes(self, pids: Iterable[int]) -> None:
+        """Count these children (a library's helpers, named by the kernel's reset) as part
+        of the baseline: they live as long as the kernel, as in any long-lived interpreter."""
+        children = set(self._child_pids())
+        self._baseline_children |= {pid for pid in pids if pid in children}
+
     def stray_problems(self) -> list[str]:
         """What the kernel cannot see from inside: processes a cell left running."""
         stray = self.stray_children()
@@ -531,6 +539,7 @@ class Kernel:
             report = _literal(result, "r")
         except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
             return [f"reset failed: {exc}"]
+        self.keep_library_processes(library_pids(report))
         return [str(p) for p in report.get("problems", [])] + self.stray_problems()
 
     async def reset_verdict(self, msg_id: str, deadline: float) -> InlineReset | None:

@@ -49,6 +49,8 @@ class InlineReset:
 
     problems: tuple[str, ...]
     seconds: float
+    # helper processes a library keeps for the life of the kernel (a resource tracker)
+    library_processes: tuple[int, ...] = ()
 
     @classmethod
     def from_content(cls, content: Mapping[str, Any]) -> InlineReset:
@@ -59,7 +61,16 @@ class InlineReset:
         return cls(
             tuple(str(p) for p in problems),
             float(seconds) if isinstance(seconds, int | float) else 0.0,
+            library_pids(content),
         )
+
+
+def library_pids(report: Mapping[str, Any]) -> tuple[int, ...]:
+    """The pids a reset report names as a library's own helper processes."""
+    pids = report.get("library_processes")
+    if not isinstance(pids, list):
+        return ()
+    return tuple(pid for pid in pids if isinstance(pid, int) and not isinstance(pid, bool))
 
 
 def decode(frames: Sequence[bytes], auth: hmac.HMAC | None) -> dict[str, Any]:

@@ -252,6 +252,7 @@ class Pool:
             await self._reset_and_return(kernel)
             return
         self._stats.reset_done(inline.seconds, inline=True)
+        kernel.keep_library_processes(inline.library_processes)
         await self._return_if_clean(kernel, [*inline.problems, *kernel.stray_problems()])
 
     async def _return_if_clean(self, kernel: Kernel, problems: list[str]) -> None:

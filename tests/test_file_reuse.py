@@ -358,9 +358,8 @@ def test_a_later_output_is_written_over_a_kept_file_and_is_exactly_itself(
 def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerProcess) -> None:
     first, second = os.urandom(3 * MB), os.urandom(3 * MB)
     with httpx.Client(base_url=reuse_worker.url, timeout=60) as client:
-        # a pyarrow table input points into its file; sys.modules keeps it past the request
-        keep = "import sys, types\nsys.modules['_skw_kept'] = types.ModuleType('kept')\n" \
-            "sys.modules['_skw_kept'].table = t\n"
+        # a pyarrow table input points into its file; an attribute of sys keeps it past the request
+        keep = "import sys, types\nsys._skw_kept = types.SimpleNamespace(table=t)\n"
         bundle = run_ok(client, _INODE + keep + "del sys, types",
                         [_blob_input("t", first, _TABLE)])  # fmt: skip
         kept = {p.stat().st_ino for p in _settled(reuse_worker)}
@@ -369,7 +368,7 @@ def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerPr
             client,
             "import hashlib, sys\n"
             "digest = hashlib.sha256(t.column('b')[0].as_py()).hexdigest()\n"
-            "kept = sys.modules.pop('_skw_kept').table\n"
+            "kept = sys.__dict__.pop('_skw_kept').table\n"
             "old = hashlib.sha256(kept.column('b')[0].as_py()).hexdigest()\n"
             "del kept, t, sys, hashlib",
             [_blob_input("t", second, _TABLE)],

@@ -1,0 +1,128 @@
+"""``sys.modules`` after a cell: what stays warm, what is put back, what is removed.
+
+Shipped into every kernel with ``_inkernel.py``, into the same module (stdlib only).
+Modules the import system loaded stay imported (that is the point of a warm kernel), and a
+module every request has seen stays the one later requests see: an entry a cell deleted or
+replaced is put back. An entry the import system did not create (not a module, no spec, or
+a spec of another name: ``sys.modules['x'] = types.ModuleType('x')``, a mock put where a
+library is imported from) is removed, as a fresh interpreter would not have it, and so are
+the modules imported after it in that request (they may hold it). Entries a module puts
+there while it is being imported (a compatibility alias, a module replacing itself with a
+wrapper) stay, as the module does.
+"""
+
+_table = {}  # "snapshot": sys.modules after the last reset (a _Snapshot from _inkernel.py)
+_put_while_importing = {}  # name -> object a module put in sys.modules during its import
+
+
+def watch_imports():
+    """Note what modules put in ``sys.modules`` while they are imported (call before the
+    baseline). The import system looks ``_find_and_load`` up on ``importlib._bootstrap``
+    for every import not yet loaded; the wrapper carries that module's file name, so that
+    tracebacks of failed imports are trimmed of it as of the import system's own frames."""
+    bootstrap = sys.modules.get("importlib._bootstrap")  # noqa: F821 (sys from _inkernel.py)
+    original = getattr(bootstrap, "_find_and_load", None)
+    if original is None or getattr(original, "_kernel_pool_watched", False):
+        return
+    namespace = {"_original": original, "_ended": _import_ended, "_depth": [0], "sys": sys}  # noqa: F821
+    exec(compile(_WRAPPER, original.__code__.co_filename, "exec"), namespace)
+    wrapper = namespace["_find_and_load"]
+    wrapper._kernel_pool_watched = True
+    bootstrap._find_and_load = wrapper
+
+
+_WRAPPER = """
+def _find_and_load(*args, **kwargs):
+    depth = _depth
+    if depth[0]:
+        return _original(*args, **kwargs)
+    before = len(sys.modules)
+    depth[0] = 1
+    try:
+        return _original(*args, **kwargs)
+    finally:
+        depth[0] = 0
+        _ended(before)
+"""
+
+
+def _import_ended(before):
+    """Record the entries an import added that the import system did not make itself."""
+    modules = sys.modules  # noqa: F821
+    added = len(modules) - before
+    if added <= 0:
+        return
+    for name in list(itertools.islice(reversed(modules), added)):  # noqa: F821 (newest last)
+        value = modules.get(name, _MISSING)  # noqa: F821
+        if value is not _MISSING and not _imported(name, value):  # noqa: F821
+            _put_while_importing[name] = value
+
+
+def _imported(name, value):
+    """Whether the import system made this entry: a module whose spec has its name."""
+    if not isinstance(value, _MODULE):  # noqa: F821 (from _inkernel.py)
+        return False
+    spec = getattr(value, "__spec__", None)
+    return spec is not None and getattr(spec, "name", None) == name
+
+
+def capture_module_table():
+    """Record ``sys.modules`` as the baseline's (with the rest of the baseline)."""
+    _table["snapshot"] = _Snapshot(sys.modules)  # noqa: F821 (from _inkernel.py)
+
+
+def restore_module_table():
+    """Put back entries a cell deleted or replaced; remove those the import system did not
+    make, and the modules imported since that hold one of them."""
+    modules = sys.modules  # noqa: F821
+    snapshot = _table["snapshot"]
+    if snapshot.unchanged(modules, exact=True):
+        return
+    stand_ins = []
+    if not snapshot.unchanged(modules, exact=False):
+        for name, module in snapshot.items.items():
+            current = modules.get(name, _MISSING)  # noqa: F821
+            if current is not module:
+                if current is not _MISSING and not _imported(name, current):  # noqa: F821
+                    stand_ins.append(current)
+                modules[name] = module
+    new = [(name, value) for name, value in list(modules.items()) if name not in snapshot.items]
+    gone = [(name, value) for name, value in new if not _kept(name, value)]
+    stand_ins += [value for _, value in gone]
+    if stand_ins:
+        gone += [(n, v) for n, v in new if _kept(n, v) and _holds_any(v, stand_ins)]
+        _drop(modules, gone)
+    _table["snapshot"] = _Snapshot(modules)  # noqa: F821
+    if len(_put_while_importing) > len(modules):  # (names of entries long gone)
+        for name in [n for n in list(_put_while_importing) if n not in modules]:
+            del _put_while_importing[name]
+
+
+def _holds_any(module, stand_ins):
+    """Whether a module imported meanwhile bound a stand-in (``import torch`` under a mock),
+    or an object of a stand-in's own class (``from torch import nn``: another mock)."""
+    ids = {id(value) for value in stand_ins}
+    kinds = {
+        type(value)
+        for value in stand_ins
+        if not isinstance(value, _MODULE) and type(value).__module__ not in ("builtins", "types")  # noqa: F821
+    }
+    values = list(getattr(module, "__dict__", {}).values())
+    return any(id(value) in ids or type(value) in kinds for value in values)
+
+
+def _kept(name, value):
+    return _imported(name, value) or _put_while_importing.get(name, _MISSING) is value  # noqa: F821
+
+
+def _drop(modules, entries):
+    """Remove entries from ``sys.modules``, and each module from its package's attributes
+    (where the import system bound it), so that the next import loads it anew."""
+    for name, value in entries:
+        if modules.get(name, _MISSING) is value:  # noqa: F821
+            del modules[name]
+        parent, _, child = name.rpartition(".")
+        package = modules.get(parent) if parent else None
+        attributes = getattr(package, "__dict__", None)
+        if isinstance(attributes, dict) and attributes.get(child, _MISSING) is value:  # noqa: F821
+            del attributes[child]
