@@ -207,7 +207,8 @@ def capture():
         environ_data=dict(_environ_data()),
         cwd=os.getcwd(),
         path=list(sys.path),
-        threads=frozenset(t.ident for t in threading.enumerate()),
+        # the objects, not their idents: an ident is reused once its thread ends
+        threads=frozenset(threading.enumerate()),
         tasks=frozenset(id(t) for t in _loop_tasks(_running_loop())),
         history=(len(hm.input_hist_parsed), len(hm.input_hist_raw)),
         cell_names=frozenset(getattr(getattr(shell, "compile", None), "_filename_map", ())),

@@ -73,7 +73,7 @@ def threads_left(problems):
     left = [
         thread
         for thread in threading.enumerate()  # noqa: F821
-        if thread.ident not in _baseline["threads"] and thread.is_alive()  # noqa: F821
+        if thread not in _baseline["threads"] and thread.is_alive()  # noqa: F821
     ]
     deadline = time.monotonic() + _THREAD_GRACE_SECONDS  # noqa: F821
     for thread in left:
@@ -89,8 +89,9 @@ def threads_left(problems):
         if not getattr(thread, _STARTED_BY_CELL, False) and not _runs_cell_code(thread)
     ]
     owned = _held_by_libraries(candidates) if candidates else set()
-    if owned:
-        _baseline["threads"] = _baseline["threads"] | {t.ident for t in left if id(t) in owned}  # noqa: F821
+    if owned:  # (the baseline's threads that ended are let go)
+        alive = {t for t in _baseline["threads"] if t.is_alive()}  # noqa: F821
+        _baseline["threads"] = frozenset(alive | {t for t in left if id(t) in owned})  # noqa: F821
     return [thread for thread in left if id(thread) not in owned]
 
 

@@ -282,3 +282,31 @@ async def test_a_resource_tracker_is_warm_state(pool: Pool, last: bool) -> None:
         "print(resource_tracker._resource_tracker._pid is not None)"
     )
     assert await _kept(pool, last, code, code) == "True\n"
+
+
+async def test_a_cells_thread_that_reuses_an_ended_baseline_threads_ident_retires_the_kernel(
+    last: bool,
+) -> None:
+    """Thread idents are reused once a thread ends: the baseline holds the threads
+    themselves, so a cell's thread cannot pass for one of them."""
+    preload = (
+        "import threading\n"
+        "stop = threading.Event()\n"
+        "waiter = threading.Thread(target=stop.wait, daemon=True)\n"
+        "waiter.start()\n"
+    )
+    code = (
+        "import threading, time\n"
+        "ident = waiter.ident\nstop.set()\nwaiter.join()\n"
+        "thread = threading.Thread(target=time.sleep, args=(30,), daemon=True)\n"
+        "thread.start()\nprint(thread.ident == ident)\n"
+    )
+    async with started(PoolConfig(size=1, preload=preload)) as pool:
+        async with pool.lease() as lease:
+            first = lease.kernel_id
+            reused = await run(lease, code, last=last)
+        if reused != "True\n":
+            pytest.skip("this platform gave the new thread another ident")
+        await settle(pool, idle=1)
+        assert pool.stats().retirements["failed_reset"] == 1
+        assert await _kernel_of(pool) != first
