@@ -8,6 +8,7 @@ from .errors import (
     ExecutionError,
     ExecutionTimeout,
     KernelDied,
+    KernelInitError,
     KernelNoReply,
     KernelStartError,
     PoolBusy,
@@ -17,6 +18,7 @@ from .errors import (
 )
 from .kernel import KernelState
 from .lease import Lease, RetireReason
+from .memory import PoolMemory, ProcessMemory
 from .messages import ExecuteResult, Output
 from .pool import Pool
 from .stats import DurationSummary, PoolStats
@@ -27,6 +29,7 @@ __all__ = [
     "ExecutionError",
     "ExecutionTimeout",
     "KernelDied",
+    "KernelInitError",
     "KernelNoReply",
     "KernelStartError",
     "KernelState",
@@ -37,8 +40,10 @@ __all__ = [
     "PoolClosed",
     "PoolConfig",
     "PoolError",
+    "PoolMemory",
     "PoolStats",
     "PreloadError",
+    "ProcessMemory",
     "RecyclePolicy",
     "RetireReason",
 ]

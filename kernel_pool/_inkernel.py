@@ -55,6 +55,7 @@ _KERNEL_PACKAGES = ("ipykernel", "tornado", "zmq", "jupyter_client", "IPython", 
 _baseline = {}
 _preloaded = frozenset()
 _before_preload = frozenset()
+_template_names = frozenset()  # the preload's names, when it ran in the fork server
 _reset_hooks = []
 
 
@@ -76,7 +77,8 @@ def mark_before_preload():
     minutes) took nothing down, and the kernels ran on, adopted, until the preload ended.
     """
     global _before_preload
-    _before_preload = frozenset(_shell().user_ns)
+    # a forked kernel starts with the template's names (set by the fork server): preloaded
+    _before_preload = frozenset(_shell().user_ns) - _template_names
     _start_lifeline()
     _adopt_orphans()
     return len(_before_preload)

@@ -9,14 +9,18 @@ memory, so a kernel is ready in a fraction of the time and with a fraction of th
 Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time (a request is
 zlib-compressed JSON, a reply plain JSON):
 
-- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare"}``.
+- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare",
+  "template"}``.
   ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
   kernel finds the module ``_kernel_pool_agent`` already loaded (and its
   ``before_kernel_app()``, where it has one, runs in each kernel before ipykernel's
   application starts). ``prepare`` (may be empty)
   is the pool user's ``fork_setup_code``, run here once too: what it loads (modules in
-  ``sys.modules``) every kernel forked afterwards has;
-- reply: ``{"id", "pid": N}`` or ``{"id", "error": "..."}``, in the order of the requests.
+  ``sys.modules``) every kernel forked afterwards has. ``template`` (may be empty) is the
+  pool's preload: run here once, as plain Python, into the namespace that becomes every
+  forked kernel's user namespace (see :mod:`kernel_pool._template`);
+- reply: ``{"id", "pid": N}``, ``{"id", "error": "..."}`` or, when the preload failed or
+  left what a fork breaks, ``{"id", "preload_error": "..."}``, in the order of requests.
 
 A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
 its pid and exits. The orphaned kernel is adopted by the pool's process (a child
@@ -24,7 +28,8 @@ subreaper while it waits for the reply), so it is that process's child, exactly 
 spawned kernel: it is reaped there, watches that process (the lifeline),
 and outlives this one. Each kernel leads its own session. This process exits when the
 pool's end of the socket closes. It never starts a thread or an event loop, so forking is
-safe: nothing here may import something that does.
+safe: nothing here may import something that does, and a preload that starts threads,
+opens sockets or initialises CUDA is refused (its names stay out of every kernel).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ import zlib
 from typing import Any
 
 _PR_SET_DUMPABLE = 4
+_PR_SET_PDEATHSIG = 1
 _ARG_START, _ARG_END = 45, 46  # fields 48 and 49 of /proc/PID/stat, counted after the name
 # what a kernel imports while it starts (measured): imported once here instead of per kernel
 _PRELOAD = (
@@ -63,6 +69,19 @@ _PRELOAD = (
 )
 _agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
 _prepared: set[str] = set()  # fork_setup_code already run here
+# preload source -> (its namespace, its names) once run, or the message of its failure
+_templates: dict[str, tuple[dict[str, Any], frozenset[str]] | str] = {}
+
+
+def _die_with_parent() -> None:
+    """Be killed when the pool's process dies, even in the middle of a preload that runs
+    for minutes (the socket's end is only noticed between requests). Cleared for each
+    forked child: kernels have a lifeline of their own."""
+    parent = os.getppid()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 9, 0, 0, 0)  # SIGKILL
+    if os.getppid() != parent:  # it died before the setting took hold
+        os._exit(1)
 
 
 def _warm_up() -> None:
@@ -102,6 +121,32 @@ def _prepare(source: str) -> None:
         gc.freeze()
 
 
+def _template(source: str, own_fd: int) -> tuple[dict[str, Any], frozenset[str]] | str:
+    """The preload's namespace and names, run here the first time it is asked for; or why
+    it cannot be the template (its failure, or what it left that a fork would break)."""
+    made = _templates.get(source)
+    if made is None:
+        template = _load_template()
+        made = template.run(source, own_fd)
+        _templates[source] = made
+        gc.collect()
+        gc.freeze()  # shared with every kernel: no kernel's collection writes to these pages
+    return made
+
+
+def _load_template() -> types.ModuleType:
+    """``kernel_pool/_template.py``, beside this script, loaded as a plain module."""
+    module = sys.modules.get("_kernel_pool_template")
+    if module is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_template.py")
+        module = types.ModuleType("_kernel_pool_template")
+        module.__file__ = path
+        with open(path, encoding="utf-8") as fh:
+            exec(compile(fh.read(), path, "exec"), module.__dict__)
+        sys.modules["_kernel_pool_template"] = module
+    return module
+
+
 def _set_command_line(args: list[str]) -> None:
     """Show ``args`` as this process's command line (``ps``, ``/proc/PID/cmdline``).
 
@@ -123,7 +168,11 @@ def _set_command_line(args: list[str]) -> None:
     ctypes.memmove(start, title.ljust(size, b" "), size)
 
 
-def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
+def _become_kernel(
+    request: dict[str, Any],
+    agent: types.ModuleType,
+    template: tuple[dict[str, Any], frozenset[str]] | None,
+) -> None:
     """In the forked child: drop to the kernel's identity and environment, run ipykernel."""
     code = 1
     try:
@@ -152,7 +201,12 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
         sys.argv = [str(kernelapp.__file__), *argv]
         _set_command_line([sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
         code = 0
-        kernelapp.launch_new_instance(argv=argv)
+        if template is None:
+            kernelapp.launch_new_instance(argv=argv)
+        else:  # the preload's namespace is the kernel's: its functions' globals are the cells'
+            namespace, names = template
+            setattr(agent, "_template_names", names)  # noqa: B010 (the helper's own global)
+            kernelapp.launch_new_instance(argv=argv, user_ns=namespace)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException:
@@ -169,7 +223,11 @@ def _become_kernel(request: dict[str, Any], agent: types.ModuleType) -> None:
             os._exit(code)  # never return into the fork server's loop
 
 
-def _fork_kernel(request: dict[str, Any], agent: types.ModuleType) -> int:
+def _fork_kernel(
+    request: dict[str, Any],
+    agent: types.ModuleType,
+    template: tuple[dict[str, Any], frozenset[str]] | None,
+) -> int:
     """Fork the kernel through a go-between that exits at once; return the kernel's pid."""
     read_end, write_end = os.pipe()
     try:
@@ -180,7 +238,7 @@ def _fork_kernel(request: dict[str, Any], agent: types.ModuleType) -> int:
                 kernel = os.fork()
                 if kernel == 0:
                     os.close(write_end)
-                    _become_kernel(request, agent)
+                    _become_kernel(request, agent, template)
                 os.write(write_end, str(kernel).encode())
             finally:
                 os._exit(0)
@@ -213,9 +271,16 @@ def _serve(sock: socket.socket) -> None:
             request_id = request.get("id")
             agent = _agent(request["agent"])
             _prepare(request.get("prepare") or "")
+            template = None
+            if request.get("template"):
+                made = _template(request["template"], sock.fileno())
+                if isinstance(made, str):
+                    sock.send(json.dumps({"id": request_id, "preload_error": made}).encode())
+                    continue
+                template = made
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = _fork_kernel(request, agent)
+            pid = _fork_kernel(request, agent, template)
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
             sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
             continue
@@ -227,6 +292,7 @@ def main() -> None:
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]
     sock = socket.socket(fileno=int(sys.argv[1]))
+    _die_with_parent()
     # shown without the room reserved for the kernels' command lines
     _set_command_line([sys.executable, *sys.argv[:2]])
     _warm_up()

@@ -37,7 +37,14 @@ class PoolConfig:
     with what ``fork_setup_code`` loaded (``None``: ``setup_code``). A kernel runs its setup
     as a cell, which IPython reads token by token: a short one starts the kernel sooner."""
     preload: str | None = None
-    """User code run in every kernel at start; its names become part of the baseline."""
+    """User code whose names every kernel starts with (part of the baseline). With the fork
+    server it runs once, as plain Python, in the template every kernel is forked from (it
+    must leave no threads, sockets, open files or CUDA context); spawned kernels run it at
+    start, as a cell."""
+    kernel_init: str | None = None
+    """User code run in every kernel at start, as a cell, after the preload and the fork:
+    what cannot be forked (a GPU context, threads, connections). Its names join the
+    baseline too."""
     recycle: RecyclePolicy = RecyclePolicy.RESET
     max_uses: int | None = None
     max_kernel_memory: int | None = None

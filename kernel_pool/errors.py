@@ -33,7 +33,12 @@ class KernelStartError(PoolError):
 
 
 class PreloadError(KernelStartError):
-    """The preload code raised inside the kernel; ``str()`` is ``"<Type>: <message>"``."""
+    """The preload code raised (in the kernel, or in the template), or left what a fork
+    cannot copy; ``str()`` is ``"<Type>: <message>"`` or says what it left."""
+
+
+class KernelInitError(KernelStartError):
+    """The per-kernel stage (``kernel_init``) raised in a kernel; ``str()`` as above."""
 
 
 class ExecutionError(PoolError):

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import KernelStartError
+from .errors import KernelStartError, PreloadError
 from .processes import signal_group
 
 log = logging.getLogger(__name__)
@@ -274,12 +274,24 @@ def _kill_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
         _kill_orphan(asking.result())
 
 
+class _ForkServerLost(KernelStartError):
+    """The fork server exited, or did not answer in time."""
+
+    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+        super().__init__(message)
+        self.timed_out = timed_out
+
+
 class ForkServer:
     """Starts the fork server when first needed; forks kernels from it."""
 
     def __init__(self, env: Mapping[str, str]) -> None:
         # ipykernel's debugger support (imported there) warns about frozen modules otherwise
         self._env = {**env, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        # a preload run here that imports pyplot picks the backend the kernels would
+        self._env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+        self._templates: set[str] = set()  # preloads that made a template here
+        self._exit_code: int | None = None
         self._lock = asyncio.Lock()
         self._process: subprocess.Popen[bytes] | None = None
         self._sock: socket.socket | None = None
@@ -318,31 +330,58 @@ class ForkServer:
         agent: str,
         prepare: str | None,
         deadline: float,
+        template: str | None = None,
+        template_timeout: float | None = None,
     ) -> ForkedKernelProcess:
         """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
 
         ``agent``: source of the module ``_kernel_pool_agent``, loaded in the kernel.
         ``prepare``: code the fork server runs once before forking (``fork_setup_code``).
+        ``template``: the preload, run once in the fork server; its namespace is every
+        kernel's user namespace. :class:`PreloadError` if it fails, cannot be forked, or
+        runs past ``template_timeout`` (the fork server is then stopped).
         """
         request = {
             "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent, "prepare": prepare or "",
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
+            "template": template or "",
         }  # fmt: skip
+        new_template = bool(template) and template not in self._templates
         async with self._lock:
             with _adopting_orphans():
-                asking = asyncio.ensure_future(self._ask(request, deadline))
+                asking = asyncio.ensure_future(self._ask(request, deadline, new_template))
                 try:
                     reply = await asyncio.shield(asking)
                 except asyncio.CancelledError:
-                    await _kill_when_forked(asking)
+                    if new_template:  # the preload may run for minutes: stop it now
+                        asking.cancel()
+                        await self._stop(now=True)
+                    else:
+                        await _kill_when_forked(asking)
                     raise
+                except _ForkServerLost as exc:
+                    if not new_template:
+                        raise
+                    raise PreloadError(self._preload_lost(exc, template_timeout)) from exc
                 if isinstance(reply.get("pid"), int):
                     _remember_session(reply["pid"])
+        if "preload_error" in reply:
+            raise PreloadError(str(reply["preload_error"]))
+        if template and "pid" in reply:
+            self._templates.add(template)
         if "pid" not in reply:
             raise KernelStartError(f"fork server could not fork a kernel: {reply.get('error')}")
         return ForkedKernelProcess(int(reply["pid"]))
 
-    async def _ask(self, request: dict[str, Any], deadline: float) -> dict[str, Any]:
+    def _preload_lost(self, exc: _ForkServerLost, timeout: float | None) -> str:
+        if exc.timed_out:
+            limit = f" ({timeout:g}s)" if timeout is not None else ""
+            return f"it did not finish within the kernel start timeout{limit}"
+        return f"the template died running it (exit status {self._exit_code})"
+
+    async def _ask(
+        self, request: dict[str, Any], deadline: float, new_template: bool = False
+    ) -> dict[str, Any]:
         """Send one request, wait for its reply (by id).
 
         A request abandoned while waiting (timed out, cancelled) leaves its reply behind: it
@@ -365,13 +404,15 @@ class ForkServer:
                 data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
                 if not data:
                     await self._stop()
-                    raise KernelStartError("fork server exited")
+                    raise _ForkServerLost("fork server exited")
                 reply: dict[str, Any] = json.loads(data)
                 if reply.get("id") == request_id:
                     return reply
                 _kill_orphan(reply)
         except TimeoutError:
-            raise KernelStartError("fork server did not answer in time") from None
+            if new_template:  # still running the preload: it would answer nobody
+                await self._stop(now=True)
+            raise _ForkServerLost("fork server did not answer in time", timed_out=True) from None
         except OSError as exc:  # the socket broke: start afresh next time
             await self._stop()
             raise KernelStartError(f"fork server could not be reached: {exc}") from exc
@@ -379,19 +420,23 @@ class ForkServer:
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    async def _stop(self) -> None:
+    async def _stop(self, *, now: bool = False) -> None:
         if self._sock is not None:
             self._sock.close()  # the fork server exits when it sees the end of its socket
             self._sock = None
         process, self._process = self._process, None
         if process is None:
             return
+        self._templates.clear()  # a new fork server runs the preload again
+        if now:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
         try:
-            await asyncio.wait_for(asyncio.to_thread(process.wait), 5)
+            self._exit_code = await asyncio.wait_for(asyncio.to_thread(process.wait), 5)
         except TimeoutError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)
-            await asyncio.to_thread(process.wait)
+            self._exit_code = await asyncio.to_thread(process.wait)
 
     async def aclose(self) -> None:
         """Stop the fork server (the kernels it forked are not its children: they live on)."""

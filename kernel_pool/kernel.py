@@ -35,6 +35,7 @@ from .config import PoolConfig
 from .errors import (
     ExecutionTimeout,
     KernelDied,
+    KernelInitError,
     KernelNoReply,
     KernelStartError,
     PreloadError,
@@ -146,6 +147,8 @@ class Kernel:
         self.uses = 0
         self.started_at = time.monotonic()
         self.start_seconds: float | None = None
+        # the preload ran once in the fork server's template, not in this kernel
+        self.preloaded_in_template = False
         self._config = config
         self._private_dir = private_dir
         self._kernel_dirs = list(kernel_dirs)
@@ -211,9 +214,11 @@ class Kernel:
         if self._config.kernel_name is None and self._fork_server is not None:
             forked = ForkedKernel(self._kernel_dir / "connection.json", self._kernel_dir / "ipc")
             self._process = forked
+            self.preloaded_in_template = self._config.preload is not None
             await forked.start(
                 self._fork_server, arguments, env, cwd, self._identity, _INKERNEL_SOURCE,
-                self._config.fork_setup_code, deadline,
+                self._config.fork_setup_code, deadline, self._config.preload,
+                self._config.start_timeout_seconds,
             )  # fmt: skip
         else:
             native = self._config.kernel_name is None
@@ -290,11 +295,17 @@ class Kernel:
         if has_agent and self._config.forked_setup_code is not None:
             setup_code = self._config.forked_setup_code
         setup = bootstrap + "\n" + (setup_code or "")
-        if self._config.preload:
-            await self._startup_step("setup", setup, deadline, mark)
-            await self._startup_step("preload", self._config.preload, deadline, capture)
-        else:
-            await self._startup_step("setup", setup, deadline, {**mark, **capture})
+        # the stages after the setup: the preload (unless the template ran it before the
+        # fork), then the per-kernel stage; the baseline is captured after the last
+        stages = [("kernel init", self._config.kernel_init)]
+        if not self.preloaded_in_template:
+            stages.insert(0, ("preload", self._config.preload))
+        steps = [("setup", setup), *((what, code) for what, code in stages if code)]
+        for position, (what, code) in enumerate(steps):
+            calls = {"mark": mark["mark"]} if position == 0 else {}
+            if position == len(steps) - 1:
+                calls.update(capture)
+            await self._startup_step(what, code, deadline, calls)
         self._baseline_children = frozenset(self._child_pids())
         if self.pid is not None:
             # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
@@ -330,6 +341,8 @@ class Kernel:
     def _start_failure(self, what: str, message: str) -> KernelStartError:
         if what == "preload":
             return PreloadError(message)
+        if what == "kernel init":
+            return KernelInitError(message)
         return KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
 
     # -- process watching ------------------------------------------------------------------------

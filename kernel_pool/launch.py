@@ -92,11 +92,13 @@ class ForkedKernel(KernelProcess):
         agent: str,
         prepare: str | None,
         deadline: float,
+        template: str | None = None,
+        template_timeout: float | None = None,
     ) -> None:
         self.write_connection_file(identity)
         argv = ["-f", str(self.connection_file), *arguments]
         self._process = await fork_server.spawn(
-            argv, env, str(cwd), identity, agent, prepare, deadline
+            argv, env, str(cwd), identity, agent, prepare, deadline, template, template_timeout
         )
 
     @property

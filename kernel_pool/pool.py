@@ -31,6 +31,7 @@ from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .forkserver import ForkServer
 from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
+from .memory import PoolMemory, process_memory
 from .processes import native_kernelspec_dir
 from .stats import PoolStats, StatsRecorder
 
@@ -434,6 +435,16 @@ class Pool:
     def private_dir(self) -> Path | None:
         """The pool's private (0700) directory holding connection files."""
         return self._private_dir
+
+    def memory(self) -> PoolMemory:
+        """Each live kernel's memory, and the template's (the fork server holds the
+        preload every forked kernel shares)."""
+        kernels = {k.kernel_id: process_memory(k.pid) for k in list(self._kernels.values())}
+        server = self._fork_server.pid if self._fork_server is not None else None
+        return PoolMemory(
+            template=process_memory(server),
+            kernels={kernel: memory for kernel, memory in kernels.items() if memory is not None},
+        )
 
     def kernel_pids(self) -> dict[str, int | None]:
         """Process ids of the live kernels (for diagnostics and tests)."""

@@ -21,7 +21,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_client import start_http_server
 from starlette.responses import Response
 
-from kernel_pool import KernelStartError, Pool, PoolConfig, PreloadError
+from kernel_pool import KernelInitError, KernelStartError, Pool, PoolConfig, PreloadError
 
 from . import __version__
 from .agent import fork_setup_code, forked_setup_code, setup_code
@@ -52,11 +52,14 @@ def hardware_report() -> dict[str, object]:
     return {"cpus": cpus, "memory_mb": psutil.virtual_memory().total // (1024 * 1024)}
 
 
+def _read(path: str | None) -> str | None:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return fh.read()
+
+
 def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
-    preload = None
-    if settings.preload:
-        with open(settings.preload, encoding="utf-8") as fh:
-            preload = fh.read()
     return PoolConfig(
         size=settings.pool_size,
         spares=settings.spares,
@@ -65,7 +68,8 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         setup_code=setup_code(),
         fork_setup_code=fork_setup_code(),
         forked_setup_code=forked_setup_code(),
-        preload=preload,
+        preload=_read(settings.preload),
+        kernel_init=_read(settings.kernel_init),
         recycle=settings.recycle,
         max_uses=settings.max_uses,
         max_kernel_memory=settings.max_kernel_memory,
@@ -81,6 +85,8 @@ def _startup_failure(exc: BaseException, settings: Settings) -> str:
     """What stopped the start, in one line for the operator."""
     if isinstance(exc, PreloadError):
         return f"the preload {settings.preload} failed: {exc}"
+    if isinstance(exc, KernelInitError):
+        return f"the kernel init {settings.kernel_init} failed: {exc}"
     if isinstance(exc, KernelStartError):
         return f"the kernels could not start: {exc}"
     if isinstance(exc, _MetricsPortFailed):

@@ -158,7 +158,15 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "--preload",
         f"{ENV_PREFIX}PRELOAD",
         str,
-        "Python file run in every kernel at start (imports, models); its names stay warm",
+        "Python file run once, in the template every kernel is forked from (imports, "
+        "models; plain Python, no threads, sockets or GPU); its names are in every kernel",
+    ),
+    (
+        "--kernel-init",
+        f"{ENV_PREFIX}KERNEL_INIT",
+        str,
+        "Python file run in each kernel at start, as a cell, after the fork: what cannot be "
+        "forked (a GPU context, threads, connections); its names stay warm too",
     ),
     (
         "--kernel-start-timeout",
@@ -349,9 +357,10 @@ def _settings(
             parser.error(f"--kernel-user: no such user: {kernel_user}")
         if os.geteuid() != 0:
             parser.error("--kernel-user needs the worker to run as root")
-    preload = values.get("preload")
-    if preload is not None and not os.path.isfile(preload):
-        parser.error(f"--preload: no such file: {preload}")
+    for flag in ("preload", "kernel_init"):
+        path = values.get(flag)
+        if path is not None and not os.path.isfile(path):
+            parser.error(f"--{flag.replace('_', '-')}: no such file: {path}")
     kwargs: dict[str, Any] = {
         "host": values.pop("host", "0.0.0.0" if token else "127.0.0.1"),
         # with GPU slots and no explicit size, one kernel per GPU

@@ -62,8 +62,31 @@ class _PoolCollector(Collector):
                 count_value=summary.count,
                 sum_value=summary.total_seconds,
             )
+        yield from _memory_metrics(self._pool)
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"{_PREFIX}_{name}", name.replace("_", " ").capitalize(), value)
+
+
+def _memory_metrics(pool: Pool) -> Iterator[Metric]:
+    memory = pool.memory()
+    kernels = GaugeMetricFamily(
+        f"{_PREFIX}_kernel_memory_bytes",
+        "Kernel memory: rss, pss (shared pages in equal parts), uss (its own)",
+        labels=["kernel", "kind"],
+    )
+    for kernel, usage in memory.kernels.items():
+        for kind in ("rss", "pss", "uss"):
+            kernels.add_metric([kernel, kind], getattr(usage, kind))
+    yield kernels
+    template = GaugeMetricFamily(
+        f"{_PREFIX}_template_memory_bytes",
+        "Memory of the template (the fork server, holding the preload kernels share)",
+        labels=["kind"],
+    )
+    if memory.template is not None:
+        for kind in ("rss", "pss", "uss"):
+            template.add_metric([kind], getattr(memory.template, kind))
+    yield template
 
 
 class WorkerMetrics:

@@ -206,6 +206,7 @@ async def health(request: Request) -> JSONResponse:
             "retirements": dict(stats.retirements),
             "start_failures": stats.start_failures,
             "recycle": state.settings.recycle.value,
+            "memory": state.pool.memory().as_dict(),
         },
     }
     if state.draining:

@@ -78,6 +78,8 @@ class Settings:
     kernel_start: str = "fork"
     """'fork' (from the pool's fork server) or 'spawn'; see kernel_pool.PoolConfig.fork_server."""
     preload: str | None = None
+    kernel_init: str | None = None
+    """A file run in each kernel after the fork (the preload runs once, before it)."""
     kernel_start_timeout: float = 600.0
     """Seconds a kernel may take to start, its preload included (a model may load for long)."""
     recycle: RecyclePolicy = RecyclePolicy.RESET

@@ -218,12 +218,16 @@ def test_cell_that_deletes_or_replaces_the_preloaded_object(c: httpx.Client) -> 
 def test_preload_that_fails_on_restart(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
+    """Spawned kernels run the preload each (a forked one never runs it again: see
+    tests/test_template.py)."""
     folder = tmp_path_factory.mktemp("fragile")
     weights = folder / "weights.txt"
     weights.write_text("1")
     preload = folder / "preload.py"
     preload.write_text(f"model = open({str(weights)!r}).read()\n")
-    w = start_worker(tmp_path_factory, "--pool-size", "2", "--preload", str(preload))
+    w = start_worker(
+        tmp_path_factory, "--pool-size", "2", "--preload", str(preload), "--kernel-start", "spawn"
+    )
     try:
         with httpx.Client(base_url=w.url, timeout=60) as client:
             weights.unlink()  # the next kernel start will fail its preload

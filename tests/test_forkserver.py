@@ -151,7 +151,9 @@ async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_er
     fork_server: bool,
 ) -> None:
     config = PoolConfig(size=1, fork_server=fork_server, preload="import os\nos._exit(7)")
-    with pytest.raises(PreloadError, match=r"the kernel died running it \(exit status 7\)"):
+    # forked: the preload runs once, in the template (the fork server), before any kernel
+    died = "template" if fork_server else "kernel"
+    with pytest.raises(PreloadError, match=rf"the {died} died running it \(exit status 7\)"):
         await Pool(config).start()
 
 

@@ -124,7 +124,8 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
 
 
 def _worker_in_a_long_preload(tmp_path: Path) -> tuple[subprocess.Popen[bytes], set[int], Path]:
-    """A worker whose two kernels are both running a 60 s preload: it, them, its log."""
+    """A worker whose template (the fork server) runs a 60 s preload before any kernel is
+    forked: it, the template's process, its log."""
     preload = tmp_path / "slow.py"
     preload.write_text("import time\ntime.sleep(60)\n")
     log = tmp_path / "worker.log"
@@ -134,15 +135,15 @@ def _worker_in_a_long_preload(tmp_path: Path) -> tuple[subprocess.Popen[bytes], 
     with log.open("wb") as out:
         proc = subprocess.Popen(argv, cwd=ROOT, stdout=out, stderr=out)
     deadline = time.monotonic() + 30
-    kernels: set[int] = set()
-    while len(kernels) < 2:
+    template: set[int] = set()
+    while not template or "fork server started" not in log.read_text():
         assert time.monotonic() < deadline and proc.poll() is None, log.read_text()
         time.sleep(0.1)
         with contextlib.suppress(psutil.Error):
             children = psutil.Process(proc.pid).children(recursive=True)
-            kernels = {p.pid for p in children if "ipykernel" in " ".join(p.cmdline())}
-    time.sleep(0.5)  # the preload is under way in both
-    return proc, kernels, log
+            template = {p.pid for p in children if "_zygote.py" in " ".join(p.cmdline())}
+    time.sleep(1.0)  # the preload is under way in it
+    return proc, template, log
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
