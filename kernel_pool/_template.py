@@ -31,7 +31,7 @@ _FORK_SAFE_POOLS = re.compile(rb"(openblas|libmkl_|libgomp|libiomp|libomp)[^/\n]
 _STAGE = "move it to --kernel-init, which runs in each kernel after the fork"
 
 
-def run(source: str, own_fd: int) -> tuple[dict[str, Any], frozenset[str]] | str:
+def run(source: str, own_fds: set[int]) -> tuple[dict[str, Any], frozenset[str]] | str:
     """The preload's namespace and the names it made, or why it cannot be the template."""
     namespace: dict[str, Any] = {"__name__": "__main__", "__builtins__": builtins}
     before = set(namespace)
@@ -46,7 +46,7 @@ def run(source: str, own_fd: int) -> tuple[dict[str, Any], frozenset[str]] | str
         exec(code, namespace)
     except BaseException as exc:  # SystemExit and KeyboardInterrupt included: a failed preload
         return f"{type(exc).__name__}: {exc}{_where(exc)}"
-    found = _fork_hazards(own_fd)
+    found = _fork_hazards(own_fds)
     if found:
         return f"it left what a fork cannot copy: {'; '.join(found)}; {_STAGE}"
     return namespace, frozenset(name for name in namespace if name not in before)
@@ -73,7 +73,7 @@ def _where(exc: BaseException) -> str:
     return f" (line {frame.lineno}{inside})"
 
 
-def _fork_hazards(own_fd: int) -> list[str]:
+def _fork_hazards(own_fds: set[int]) -> list[str]:
     found = []
     threading = sys.modules.get("threading")
     if threading is not None:
@@ -90,7 +90,7 @@ def _fork_hazards(own_fd: int) -> list[str]:
             found.append("a CUDA context (torch.cuda is initialised)")
     except Exception:  # a torch without CUDA support
         pass
-    sockets, files = _open_descriptors(own_fd)
+    sockets, files = _open_descriptors(own_fds)
     if sockets:
         found.append(f"{sockets} open socket(s) (connections)")
     if files:
@@ -113,16 +113,16 @@ def _fork_safe_pool_loaded() -> bool:
         return False
 
 
-def _open_descriptors(own_fd: int) -> tuple[int, int]:
+def _open_descriptors(own_fds: set[int]) -> tuple[int, int]:
     """Sockets and other descriptors (files, pipes, devices) open here beyond the standard
-    streams and the pool's socket (the fork server itself keeps no other)."""
+    streams and the fork server's own (its socket to the pool, the request's key pipe)."""
     sockets = files = 0
     try:
         fds = [int(fd) for fd in os.listdir("/proc/self/fd")]
     except OSError:
         return 0, 0
     for fd in fds:
-        if fd <= 2 or fd == own_fd:
+        if fd <= 2 or fd in own_fds:
             continue
         try:
             mode = os.fstat(fd).st_mode

@@ -10,7 +10,11 @@ Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time (a
 zlib-compressed JSON, a reply plain JSON):
 
 - request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare",
-  "template"}``.
+  "template", "connection"}``, with the write end of a pipe passed along (``SCM_RIGHTS``).
+  ``connection`` is the kernel's connection info without its key: the kernel makes its own
+  key after the fork, writes it into that pipe (read by the pool only) and never to a file,
+  so neither this process's memory (which later kernels are forked from) nor the disk ever
+  holds a kernel's key.
   ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
   kernel finds the module ``_kernel_pool_agent`` already loaded (and its
   ``before_kernel_app()``, where it has one, runs in each kernel before ipykernel's
@@ -41,6 +45,7 @@ import gc
 import importlib
 import json
 import os
+import secrets
 import socket
 import sys
 import types
@@ -121,13 +126,13 @@ def _prepare(source: str) -> None:
         gc.freeze()
 
 
-def _template(source: str, own_fd: int) -> tuple[dict[str, Any], frozenset[str]] | str:
+def _template(source: str, own_fds: set[int]) -> tuple[dict[str, Any], frozenset[str]] | str:
     """The preload's namespace and names, run here the first time it is asked for; or why
     it cannot be the template (its failure, or what it left that a fork would break)."""
     made = _templates.get(source)
     if made is None:
         template = _load_template()
-        made = template.run(source, own_fd)
+        made = template.run(source, own_fds)
         _templates[source] = made
         gc.collect()
         gc.freeze()  # shared with every kernel: no kernel's collection writes to these pages
@@ -172,11 +177,14 @@ def _become_kernel(
     request: dict[str, Any],
     agent: types.ModuleType,
     template: tuple[dict[str, Any], frozenset[str]] | None,
+    key_fd: int,
 ) -> None:
     """In the forked child: drop to the kernel's identity and environment, run ipykernel."""
     code = 1
     try:
         os.setsid()  # its own session and process group: signals reach it and its children
+        kernelapp = sys.modules["ipykernel.kernelapp"]
+        _connect_without_a_file(kernelapp.IPKernelApp, request["connection"], key_fd)
         if request.get("uid") is not None:
             os.setgroups([])
             os.setgid(request["gid"])
@@ -194,7 +202,6 @@ def _become_kernel(
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         sys.modules["_kernel_pool_agent"] = agent
         argv = request["argv"]  # parent_handle=1 among them: the lifeline watches the pool
-        kernelapp = sys.modules["ipykernel.kernelapp"]
         before_app = getattr(agent, "before_kernel_app", None)
         if before_app is not None:
             before_app()
@@ -223,10 +230,31 @@ def _become_kernel(
             os._exit(code)  # never return into the fork server's loop
 
 
+def _connect_without_a_file(app: type, connection: dict[str, Any], key_fd: int) -> None:
+    """Give the kernel a key of its own, sent to the pool through ``key_fd``, and its
+    connection info from the request: ipykernel reads and writes no connection file."""
+    key = secrets.token_hex(32)
+    try:
+        os.write(key_fd, key.encode())
+    finally:
+        os.close(key_fd)
+    info = {**connection, "key": key, "signature_scheme": "hmac-sha256"}
+
+    def init_connection_file(self: Any) -> None:
+        self.load_connection_info(info)
+
+    def write_connection_file(self: Any, **kwargs: Any) -> None:
+        pass
+
+    setattr(app, "init_connection_file", init_connection_file)  # noqa: B010
+    setattr(app, "write_connection_file", write_connection_file)  # noqa: B010
+
+
 def _fork_kernel(
     request: dict[str, Any],
     agent: types.ModuleType,
     template: tuple[dict[str, Any], frozenset[str]] | None,
+    key_fd: int,
 ) -> int:
     """Fork the kernel through a go-between that exits at once; return the kernel's pid."""
     read_end, write_end = os.pipe()
@@ -238,7 +266,7 @@ def _fork_kernel(
                 kernel = os.fork()
                 if kernel == 0:
                     os.close(write_end)
-                    _become_kernel(request, agent, template)
+                    _become_kernel(request, agent, template, key_fd)
                 os.write(write_end, str(kernel).encode())
             finally:
                 os._exit(0)
@@ -260,12 +288,13 @@ def _fork_kernel(
 def _serve(sock: socket.socket) -> None:
     while True:
         try:
-            data = sock.recv(1 << 20)
+            data, fds, _, _ = socket.recv_fds(sock, 1 << 20, 1)
         except OSError:
             return
         if not data:
             return  # the pool closed its end: stop
         request_id = None
+        key_fd = fds[0] if fds else -1
         try:
             request = json.loads(zlib.decompress(data))
             request_id = request.get("id")
@@ -273,17 +302,22 @@ def _serve(sock: socket.socket) -> None:
             _prepare(request.get("prepare") or "")
             template = None
             if request.get("template"):
-                made = _template(request["template"], sock.fileno())
+                made = _template(request["template"], {sock.fileno(), key_fd})
                 if isinstance(made, str):
                     sock.send(json.dumps({"id": request_id, "preload_error": made}).encode())
                     continue
                 template = made
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = _fork_kernel(request, agent, template)
+            if key_fd < 0:
+                raise ValueError("no pipe for the kernel's key came with the request")
+            pid = _fork_kernel(request, agent, template, key_fd)
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
             sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
             continue
+        finally:
+            if key_fd >= 0:
+                os.close(key_fd)  # (the kernel has its own copy)
         sock.send(json.dumps({"id": request_id, "pid": pid}).encode())
 
 

@@ -274,6 +274,23 @@ def _kill_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
         _kill_orphan(asking.result())
 
 
+async def _send_with_fd(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes, fd: int
+) -> None:
+    """Send one datagram with ``fd`` attached (``SCM_RIGHTS``), waiting while it is full."""
+    while True:
+        try:
+            socket.send_fds(sock, [data], [fd] if fd >= 0 else [])
+            return
+        except BlockingIOError:
+            ready = loop.create_future()
+            loop.add_writer(sock, ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_writer(sock)
+
+
 class _ForkServerLost(KernelStartError):
     """The fork server exited, or did not answer in time."""
 
@@ -332,6 +349,8 @@ class ForkServer:
         deadline: float,
         template: str | None = None,
         template_timeout: float | None = None,
+        connection: Mapping[str, Any] | None = None,
+        key_fd: int = -1,
     ) -> ForkedKernelProcess:
         """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
 
@@ -340,16 +359,20 @@ class ForkServer:
         ``template``: the preload, run once in the fork server; its namespace is every
         kernel's user namespace. :class:`PreloadError` if it fails, cannot be forked, or
         runs past ``template_timeout`` (the fork server is then stopped).
+        ``connection``: the kernel's connection info without a key; the kernel writes the
+        key it makes into ``key_fd`` (a pipe's write end, passed on to it).
         """
         request = {
             "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent, "prepare": prepare or "",
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
-            "template": template or "",
+            "template": template or "", "connection": dict(connection or {}),
         }  # fmt: skip
         new_template = bool(template) and template not in self._templates
         async with self._lock:
             with _adopting_orphans():
-                asking = asyncio.ensure_future(self._ask(request, deadline, new_template))
+                asking = asyncio.ensure_future(
+                    self._ask(request, deadline, new_template, key_fd)
+                )
                 try:
                     reply = await asyncio.shield(asking)
                 except asyncio.CancelledError:
@@ -380,7 +403,7 @@ class ForkServer:
         return f"the template died running it (exit status {self._exit_code})"
 
     async def _ask(
-        self, request: dict[str, Any], deadline: float, new_template: bool = False
+        self, request: dict[str, Any], deadline: float, new_template: bool, key_fd: int
     ) -> dict[str, Any]:
         """Send one request, wait for its reply (by id).
 
@@ -398,7 +421,8 @@ class ForkServer:
         try:
             # one datagram: compressed, as the sources it carries (the agent, the setup code)
             # outgrew what a socket buffer takes at its default size (212992 bytes)
-            await loop.sock_sendall(sock, zlib.compress(json.dumps(request).encode(), 1))
+            data = zlib.compress(json.dumps(request).encode(), 1)
+            await _send_with_fd(loop, sock, data, key_fd)
             while True:
                 remaining = max(0.0, deadline - time.monotonic())
                 data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)

@@ -212,7 +212,7 @@ class Kernel:
         arguments = [*_KERNEL_ARGS, *self._config.extra_arguments]
         env, cwd = self._environment(), self._cwd()
         if self._config.kernel_name is None and self._fork_server is not None:
-            forked = ForkedKernel(self._kernel_dir / "connection.json", self._kernel_dir / "ipc")
+            forked = ForkedKernel(self._kernel_dir / "ipc")
             self._process = forked
             self.preloaded_in_template = self._config.preload is not None
             await forked.start(

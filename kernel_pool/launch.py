@@ -12,21 +12,19 @@ import abc
 import asyncio
 import contextlib
 import os
-import secrets
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jupyter_client.connect import write_connection_file
 from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_client.session import Session
 
 from .errors import KernelStartError
 from .forkserver import ExitCallback, ForkedKernelProcess, ForkServer, unwatch_and_close
-from .processes import NATIVE_KERNEL_NAME, KernelIdentity
+from .processes import KernelIdentity
 
 ShutdownRequest = Callable[[], object]
 
@@ -62,25 +60,20 @@ class KernelProcess(abc.ABC):
 
 
 class ForkedKernel(KernelProcess):
-    """The native kernel, forked by the pool's fork server."""
+    """The native kernel, forked by the pool's fork server.
+
+    No connection file: the kernel gets its socket paths in the fork request and makes its
+    own key after the fork, which it sends back through a pipe only the pool reads.
+    """
 
     has_agent = True
 
-    def __init__(self, connection_file: Path, ipc_base: Path) -> None:
-        self.connection_file = connection_file
+    def __init__(self, ipc_base: Path) -> None:
         self._ipc_base = ipc_base
         self._process: ForkedKernelProcess | None = None
 
-    def write_connection_file(self, identity: KernelIdentity | None) -> None:
-        key = secrets.token_hex(32).encode()
-        _, info = write_connection_file(
-            str(self.connection_file), ip=str(self._ipc_base), transport="ipc", key=key,
-            kernel_name=NATIVE_KERNEL_NAME,
-        )  # fmt: skip
-        self.connection_info = info
-        self.session = Session(key=key, signature_scheme="hmac-sha256")
-        if identity is not None:
-            os.chown(self.connection_file, *identity)
+    def forget_connection_file(self) -> None:
+        pass  # it never had one
 
     async def start(
         self,
@@ -95,11 +88,23 @@ class ForkedKernel(KernelProcess):
         template: str | None = None,
         template_timeout: float | None = None,
     ) -> None:
-        self.write_connection_file(identity)
-        argv = ["-f", str(self.connection_file), *arguments]
-        self._process = await fork_server.spawn(
-            argv, env, str(cwd), identity, agent, prepare, deadline, template, template_timeout
-        )
+        connection: dict[str, Any] = {"transport": "ipc", "ip": str(self._ipc_base)}
+        connection.update({name: number for number, name in enumerate(_CHANNEL_PORTS, 1)})
+        read_end, write_end = os.pipe()
+        try:
+            self._process = await fork_server.spawn(
+                list(arguments), env, str(cwd), identity, agent, prepare, deadline,
+                template, template_timeout, connection, write_end,
+            )  # fmt: skip
+            os.close(write_end)
+            write_end = -1
+            key = await _read_key(read_end, deadline)
+        finally:
+            for fd in (read_end, write_end):
+                if fd >= 0:
+                    os.close(fd)
+        self.connection_info = {**connection, "key": key, "signature_scheme": "hmac-sha256"}
+        self.session = Session(key=key, signature_scheme="hmac-sha256")
 
     @property
     def pid(self) -> int | None:
@@ -124,6 +129,26 @@ class ForkedKernel(KernelProcess):
         process.signal_group(signal.SIGKILL)
         await process.wait(grace)
         process.close()
+
+
+_CHANNEL_PORTS = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+
+
+async def _read_key(fd: int, deadline: float) -> bytes:
+    """The key a forked kernel sends through its pipe (its end closes once it is sent)."""
+    chunks: list[bytes] = []
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise KernelStartError("the forked kernel did not send its key in time")
+        chunk = await asyncio.wait_for(asyncio.to_thread(os.read, fd, 128), remaining)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    key = b"".join(chunks)
+    if len(key) != 64:
+        raise KernelStartError("the forked kernel exited before it sent its key")
+    return key
 
 
 class SpawnedKernel(KernelProcess):

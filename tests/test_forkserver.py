@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -81,8 +82,10 @@ async def test_forked_kernels_are_children_of_the_pools_process(pool: Pool) -> N
     for pid in pool.kernel_pids().values():  # shown as a spawned kernel would be
         assert pid is not None
         command = psutil.Process(pid).cmdline()
-        assert command[:4] == [sys.executable, "-m", "ipykernel_launcher", "-f"], command
-        assert command[4].endswith("connection.json") and "--HistoryManager.enabled=False" in command
+        assert command[:3] == [sys.executable, "-m", "ipykernel_launcher"], command
+        assert "--HistoryManager.enabled=False" in command
+        # no connection file: the key never touches the disk (nor the command line)
+        assert "-f" not in command and not any("connection" in part for part in command)
     async with pool.lease() as lease:
         seen = await facts(lease)
     assert seen["ppid"] == os.getpid()
@@ -137,7 +140,7 @@ async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
 async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
-    bad = ("--IPKernelApp.connection_file=/nonexistent/second.json",)  # ipykernel refuses it
+    bad = ("--IPKernelApp.transport=bogus",)  # ipykernel refuses it
     config = PoolConfig(size=1, fork_server=fork_server, extra_arguments=bad)
     with pytest.raises(KernelStartError, match=r"exited during start-up \(exit status 1\)"):
         await Pool(config).start()
@@ -221,9 +224,8 @@ async def test_a_fork_whose_start_was_abandoned_is_killed_not_leaked(tmp_path: P
     try:
 
         async def fork(name: str, seconds: float) -> ForkedKernelProcess:
-            argv = ["-f", str(tmp_path / f"{name}.json")]  # ipykernel makes up its ports
             deadline = time.monotonic() + seconds
-            return await server.spawn(argv, os.environ, str(tmp_path), None, "", None, deadline)
+            return await _spawn(server, tmp_path / f"{name}.json", deadline)
 
         def named(name: str) -> list[int]:
             marker = str(tmp_path / f"{name}.json")
@@ -257,9 +259,7 @@ async def test_a_fork_cancelled_while_forking_is_killed_with_no_later_request(
     marker = str(tmp_path / "cancelled.json")
     try:
         deadline = time.monotonic() + 30
-        forking = asyncio.ensure_future(
-            server.spawn(["-f", marker], os.environ, str(tmp_path), None, "", None, deadline)
-        )
+        forking = asyncio.ensure_future(_spawn(server, Path(marker), deadline))
         await asyncio.sleep(0.05)  # the request is sent; the fork server is forking
         forking.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -270,6 +270,28 @@ async def test_a_fork_cancelled_while_forking_is_killed_with_no_later_request(
     while [p for p in psutil.process_iter() if alive(p.pid) and marker in _cmdline(p)]:
         assert time.monotonic() < deadline, "the cancelled fork's kernel was left running"
         await asyncio.sleep(0.05)
+
+
+async def _spawn(server: ForkServer, marker: Path, deadline: float) -> ForkedKernelProcess:
+    """A kernel forked straight from the fork server; ``marker`` shows in its command line
+    (ipykernel is given no connection file: it binds the sockets the request names)."""
+    ports = ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+    connection: dict[str, Any] = {"transport": "ipc", "ip": str(marker.with_suffix(".ipc"))}
+    connection.update({name: number for number, name in enumerate(ports, 1)})
+    read_end, write_end = os.pipe()
+    try:
+        kernel = await server.spawn(
+            ["-f", str(marker)], os.environ, str(marker.parent), None, "", None, deadline,
+            connection=connection, key_fd=write_end,
+        )  # fmt: skip
+        os.close(write_end)
+        write_end = -1
+        assert len(await asyncio.to_thread(os.read, read_end, 64)) == 64  # its key
+        return kernel
+    finally:
+        os.close(read_end)
+        if write_end >= 0:
+            os.close(write_end)
 
 
 async def _start_and_close(config: PoolConfig) -> None:
@@ -340,14 +362,14 @@ def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
 
 
 def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path: Path) -> None:
-    """The pool's process is killed while its kernel runs a slow preload: the kernel, adopted
-    by another process before its lifeline started, still exits (it watched its new parent,
-    for good)."""
+    """The pool's process is killed while its kernel runs a slow per-kernel stage: the
+    kernel, adopted by another process before its lifeline started, still exits (it watched
+    its new parent, for good)."""
     script = (
         "import asyncio\n"
         "from kernel_pool import Pool, PoolConfig\n"
         f"config = PoolConfig(size=1, runtime_dir={str(tmp_path)!r},\n"
-        "                    preload='import time\\ntime.sleep(3)')\n"
+        "                    kernel_init='import time\\ntime.sleep(3)')\n"
         "asyncio.run(Pool(config).start())\n"
     )
     owner = subprocess.Popen([sys.executable, "-c", script])
