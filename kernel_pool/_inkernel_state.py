@@ -7,7 +7,8 @@ numpy, pandas, matplotlib...), which adds its parts to :data:`_PARTS`.
 puts back whatever a cell changed, so that the next request starts as it would in a fresh
 interpreter: recursion limit, trace and profile functions, the garbage collector, switch
 interval, ``sys.argv``, signal handlers, the signal mask and timers, umask, resource limits,
-priority, CPU affinity, locale, time zone and the default socket timeout here.
+priority, CPU affinity, locale, time zone, the default socket timeout, and what a cell left
+in the kernel's own temp folder here.
 """
 
 import _signal
@@ -16,6 +17,7 @@ import contextlib
 import gc
 import operator
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -91,8 +93,42 @@ def capture_settings():
     _settings["locale"] = _locale()
     _settings["time zone"] = (time.tzname, time.timezone, time.altzone, time.daylight)
     _settings["argv"] = (sys.argv, list(sys.argv))
+    _settings["temp folder"] = _temp_folder()
     for capture, _restore in _PARTS:
         capture()
+
+
+def _temp_folder():
+    """The kernel's own temp folder (``TMPDIR``, set by the pool) and what was in it at the
+    baseline; None where the kernel has none of its own."""
+    folder = os.environ.get("KERNEL_POOL_TMPDIR")
+    if not folder or os.environ.get("TMPDIR") != folder:
+        return None
+    try:
+        return folder, frozenset(os.listdir(folder))
+    except OSError:
+        return None
+
+
+def _empty_temp_folder(problems):
+    """Remove what cells left in the kernel's temp folder: a later request starts with it
+    as a fresh kernel would (what was there at the baseline stays)."""
+    recorded = _settings.get("temp folder")
+    if recorded is None:
+        return
+    folder, kept = recorded
+    try:
+        entries = [entry for entry in os.scandir(folder) if entry.name not in kept]
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError as exc:
+            problems.append(f"cannot empty the temp folder: {exc.strerror}: {entry.name}")
 
 
 def _signal_handlers():
@@ -185,6 +221,7 @@ def restore_settings(problems):
         sys.argv = argv
     _restore_signals(problems)
     _restore_process(problems)
+    _empty_temp_folder(problems)
     for _capture, restore in _PARTS:
         restore(problems)
 

@@ -54,7 +54,13 @@ class PoolConfig:
     env: Mapping[str, str] | None = None
     """Environment for kernel processes; ``None`` copies the pool's own environment."""
     kernel_user: str | None = None
+    """One unprivileged user all kernels run as (they are isolated from the pool, not from
+    one another: see ``kernel_uids``)."""
     kernel_group: str | None = None
+    kernel_uids: tuple[int, int] | None = None
+    """First and last uid (inclusive) of a range: each kernel runs as its own uid (its gid
+    the same number; no passwd entry needed), so kernels cannot signal, trace or reach one
+    another. A uid is given to a new kernel only once no process runs as it."""
     kernel_cwd: Path | None = None
     runtime_dir: Path | None = None
     """Parent of the pool's private (0700) directory; ``None`` uses the system temp dir."""
@@ -81,6 +87,17 @@ class PoolConfig:
             raise ValueError("interrupt_grace_seconds must not be negative")
         if any(not slot.strip() for slot in self.gpu_slots):
             raise ValueError("gpu slot ids must not be blank")
+        if self.kernel_uids is not None:
+            first, last = self.kernel_uids
+            if self.kernel_user is not None:
+                raise ValueError("kernel_uids and kernel_user are exclusive")
+            if first < 1 or last < first:
+                raise ValueError("kernel_uids must be a range of positive uids, first to last")
+            if last - first + 1 < self.target_kernels + 1:
+                raise ValueError(
+                    f"kernel_uids holds {last - first + 1} uids; the pool needs "
+                    f"{self.target_kernels + 1} (one per kernel and one for a replacement)"
+                )
 
     @property
     def target_kernels(self) -> int:

@@ -45,8 +45,11 @@ from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
     NATIVE_KERNEL_NAME,
+    KernelIdentity,
     descendants,
     kernel_identity,
+    kill_uid,
+    processes_of_uid,
     signal_group,
     threads_of,
 )
@@ -140,6 +143,7 @@ class Kernel:
         slot: str | None,
         on_death: Callable[[Kernel], None] | None = None,
         fork_server: ForkServer | None = None,
+        identity: KernelIdentity | None = None,
     ) -> None:
         self.kernel_id = f"k{next(_ids)}"
         self.slot = slot
@@ -160,9 +164,13 @@ class Kernel:
         self._exit_code: int | None = None
         self._baseline_children: frozenset[int] = frozenset()
         self._infrastructure_threads: frozenset[int] = frozenset()
-        self._identity = kernel_identity(config)
+        # its own uid (kernel_uids), the pool's one kernel user, or none
+        self._identity = identity if identity is not None else kernel_identity(config)
+        self._own_uid = identity is not None
         self._kernel_dir = private_dir / self.kernel_id
         self._kernel_dir.mkdir(mode=0o700)
+        self._tmp_dir = self._kernel_dir / "tmp"  # TMPDIR: emptied by every reset
+        self._tmp_dir.mkdir(mode=0o700)
         self.died = asyncio.Event()
         self._on_death = on_death
 
@@ -195,6 +203,8 @@ class Kernel:
             env["CUDA_VISIBLE_DEVICES"] = self.slot
         env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         env["IPYTHONDIR"] = str(self._kernel_dir / "ipython")
+        for name in ("TMPDIR", "TEMP", "TMP", "KERNEL_POOL_TMPDIR"):  # a temp folder of its own
+            env[name] = str(self._tmp_dir)
         if self._identity is not None:  # a user that may have no home directory
             env["HOME"] = env["MPLCONFIGDIR"] = str(self._kernel_dir)
         env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
@@ -209,6 +219,7 @@ class Kernel:
     async def _launch(self, deadline: float) -> None:
         if self._identity is not None:
             os.chown(self._kernel_dir, *self._identity)
+            os.chown(self._tmp_dir, *self._identity)
         arguments = [*_KERNEL_ARGS, *self._config.extra_arguments]
         env, cwd = self._environment(), self._cwd()
         if self._config.kernel_name is None and self._fork_server is not None:
@@ -376,6 +387,15 @@ class Kernel:
                 total += psutil.Process(pid).memory_info().rss
         return int(total)
 
+    @property
+    def identity(self) -> KernelIdentity | None:
+        return self._identity
+
+    @property
+    def own_uid(self) -> int | None:
+        """The uid only this kernel runs as (``kernel_uids``), if any."""
+        return self._identity[0] if self._own_uid and self._identity is not None else None
+
     def keep_library_processes(self, pids: Iterable[int]) -> None:
         """Count these children (a library's helpers, named by the kernel's reset) as part
         of the baseline: they live as long as the kernel, as in any long-lived interpreter."""
@@ -397,6 +417,9 @@ class Kernel:
         if self.pid is None:
             return []
         found = descendants(self.pid, skip_threads=self._infrastructure_threads)
+        uid = self.own_uid
+        if uid is not None:  # what escaped the tree (a cleared subreaper flag) runs as it too
+            found = sorted({*found, *processes_of_uid(uid)} - {self.pid})
         return [pid for pid in found if pid not in self._baseline_children]
 
     # -- execution ---------------------------------------------------------------------------------
@@ -626,6 +649,9 @@ class Kernel:
         if channels is not None:
             channels.close()
             self._channels = None
+        uid = self.own_uid
+        if uid is not None:  # all of the kernel, wherever it went: then its uid is free
+            await asyncio.to_thread(kill_uid, uid)
         await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)
 
 

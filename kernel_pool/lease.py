@@ -58,6 +58,11 @@ class Lease:
         return self._kernel.pid
 
     @property
+    def identity(self) -> tuple[int, int] | None:
+        """(uid, gid) the kernel runs as, when it runs as another user than the pool."""
+        return self._kernel.identity
+
+    @property
     def in_flight(self) -> bool:
         """True while an execution is running (its end was not observed)."""
         return self._in_flight

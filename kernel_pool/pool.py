@@ -32,7 +32,7 @@ from .forkserver import ForkServer
 from .kernel import Kernel, KernelState
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, process_memory
-from .processes import native_kernelspec_dir
+from .processes import native_kernelspec_dir, processes_of_uid
 from .stats import PoolStats, StatsRecorder
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,8 @@ class Pool:
         self._private_dir = Path(tempfile.mkdtemp(prefix=_PRIVATE_PREFIX, dir=parent))
         (self._private_dir / _OWNER_FILE).write_text(str(os.getpid()), encoding="utf-8")
         # kernels running as another user may traverse (not list) it to reach their own dir
-        self._private_dir.chmod(0o711 if self.config.kernel_user else 0o700)
+        other_users = self.config.kernel_user or self.config.kernel_uids
+        self._private_dir.chmod(0o711 if other_users else 0o700)
         self._kernel_dirs = [native_kernelspec_dir(self._private_dir)]
         results = await asyncio.gather(
             *(self._start_one() for _ in range(self.config.target_kernels)),
@@ -305,6 +306,7 @@ class Pool:
         assert self._private_dir is not None
         slot = self._free_slots.pop()
         try:
+            uid = self._free_uid()
             kernel = Kernel(
                 self.config,
                 self._private_dir,
@@ -312,12 +314,26 @@ class Pool:
                 slot,
                 on_death=self._on_kernel_death,
                 fork_server=self._fork_server,
+                identity=(uid, uid) if uid is not None else None,
             )
         except BaseException:
             self._free_slots.append(slot)
             raise
         self._kernels[kernel.kernel_id] = kernel
         return kernel
+
+    def _free_uid(self) -> int | None:
+        """With ``kernel_uids``: the first uid of the range that no kernel of the pool holds
+        and no process runs as (what a retired kernel left is killed before its uid is
+        free). :class:`KernelStartError` when every uid is still taken."""
+        if self.config.kernel_uids is None:
+            return None
+        first, last = self.config.kernel_uids
+        held = {k.own_uid for k in self._kernels.values()}
+        for uid in range(first, last + 1):
+            if uid not in held and not processes_of_uid(uid):
+                return uid
+        raise KernelStartError(f"every kernel uid of {first}-{last} is still in use")
 
     async def _start_one(self, kernel: Kernel | None = None) -> Kernel:
         kernel = kernel if kernel is not None else self._add_kernel()

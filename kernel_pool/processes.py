@@ -51,6 +51,40 @@ def kernel_identity(config: PoolConfig) -> KernelIdentity | None:
     return user.pw_uid, gid
 
 
+def processes_of_uid(uid: int) -> list[int]:
+    """Every process whose real or effective uid is ``uid`` (from ``/proc/*/status``: a
+    non-dumpable process's ``/proc`` files belong to root, its status does not lie)."""
+    found = []
+    wanted = str(uid)
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Uid:"):
+                        real, effective = line.split()[1:3]
+                        if wanted in (real.decode(), effective.decode()):
+                            found.append(int(entry.name))
+                        break
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+def kill_uid(uid: int, rounds: int = 20) -> bool:
+    """SIGKILL every process of ``uid`` until none is left (a fork racing the kill gets
+    another round); whether none is left."""
+    for _ in range(rounds):
+        pids = processes_of_uid(uid)
+        if not pids:
+            return True
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, 9)
+    return not processes_of_uid(uid)
+
+
 def descendants(pid: int, *, skip_threads: frozenset[int] = frozenset()) -> list[int]:
     """Every process below ``pid`` (empty if it is gone).
 

@@ -76,6 +76,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         gpu_slots=settings.gpu_slots,
         env=kernel_env,
         kernel_user=settings.kernel_user,
+        kernel_uids=settings.kernel_uids,
         interrupt_grace_seconds=settings.interrupt_grace_seconds,
         start_timeout_seconds=settings.kernel_start_timeout,
     )
@@ -138,7 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     pool = Pool(pool_config(settings, kernel_env))
     jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
-    owner = _kernel_owner(settings.kernel_user)
+    owner = _kernel_owner(settings)
     prepare_run_root(settings.run_root)
     if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
         settings = replace(settings, run_root=_private_run_root(settings.run_root))
@@ -247,7 +248,13 @@ def _private_run_root(parent: Path | None) -> Path:
     return root
 
 
-def _kernel_owner(user: str | None) -> tuple[int, int] | None:
+def _kernel_owner(settings: Settings) -> tuple[int, int] | None:
+    """Who kernels run as when not as the worker: the one user, or (with a uid range) the
+    range's first uid (each run directory is handed to its own kernel's uid)."""
+    if settings.kernel_uids is not None:
+        first = settings.kernel_uids[0]
+        return first, first
+    user = settings.kernel_user
     if user is None:
         return None
     try:

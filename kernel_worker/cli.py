@@ -9,6 +9,7 @@ import logging
 import math
 import os
 import pwd
+import re
 import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -138,8 +139,9 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "--kernel-user",
         f"{ENV_PREFIX}KERNEL_USER",
         str,
-        "run kernels as this unprivileged user when the worker runs as root (they cannot "
-        "read the worker's environment, memory or files, nor kernel connection files)",
+        "when the worker runs as root: a uid range FIRST-LAST gives each kernel a uid of "
+        "its own (kernels cannot reach the worker or one another; no passwd entries "
+        "needed), a user name runs every kernel as that one user",
     ),
     (
         "--kernel-name",
@@ -340,6 +342,25 @@ def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Set
     return _settings(parser, values, environ)
 
 
+_UID_RANGE = re.compile(r"(\d+)-(\d+)")
+
+
+def _uid_range(
+    parser: argparse.ArgumentParser, match: re.Match[str], values: Mapping[str, Any]
+) -> tuple[int, int]:
+    first, last = int(match.group(1)), int(match.group(2))
+    kernels = values.get("pool_size", len(values.get("gpu_slots") or ()) or 2)
+    kernels += values.get("spares", 0)
+    if first < 1 or last < first or last >= 2**32 - 1:
+        parser.error(f"--kernel-user: {first}-{last} is not a range of uids (first > 0)")
+    if last - first + 1 < kernels + 1:
+        parser.error(
+            f"--kernel-user: {first}-{last} holds {last - first + 1} uids; {kernels} kernels "
+            f"need {kernels + 1} (one each and one for a replacement)"
+        )
+    return first, last
+
+
 def _settings(
     parser: argparse.ArgumentParser, values: dict[str, Any], environ: Mapping[str, str]
 ) -> Settings:
@@ -351,10 +372,15 @@ def _settings(
         parser.error("--kernel-start must be 'fork' or 'spawn'")
     kernel_user = values.get("kernel_user")
     if kernel_user is not None:
-        try:
-            pwd.getpwnam(kernel_user)
-        except KeyError:
-            parser.error(f"--kernel-user: no such user: {kernel_user}")
+        uids = _UID_RANGE.fullmatch(kernel_user.strip())
+        if uids is not None:
+            values["kernel_uids"] = _uid_range(parser, uids, values)
+            del values["kernel_user"]
+        else:
+            try:
+                pwd.getpwnam(kernel_user)
+            except KeyError:
+                parser.error(f"--kernel-user: no such user: {kernel_user}")
         if os.geteuid() != 0:
             parser.error("--kernel-user needs the worker to run as root")
     for flag in ("preload", "kernel_init"):
@@ -517,6 +543,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
+        )
+    if settings.kernel_user is not None and settings.pool_size + settings.spares > 1:
+        log.warning(
+            "kernels share the user %s: each is kept from the worker, not from the others (a "
+            "cell can signal a sibling or connect to its sockets); give --kernel-user a uid "
+            "range (e.g. 20000-20063) for a uid per kernel",
+            settings.kernel_user,
         )
     if sys.version_info < STRATA_PYTHON:
         log.warning(

@@ -259,8 +259,9 @@ async def run_cell(
     offered = reuse.offer() if reuse is not None else []
     if offered:
         plan["spares"] = offered
-    if context.kernel_owner is not None:
-        await asyncio.to_thread(hand_over, run_dir.root, context.kernel_owner)
+    owner = lease.identity or context.kernel_owner  # the leased kernel's own uid, if any
+    if owner is not None:
+        await asyncio.to_thread(hand_over, run_dir.root, owner)
     reducer = OutputReducer(context.console_cap)
     sink = reducer.feed if console is None else _teeing(reducer, console)
     started = time.monotonic()

@@ -104,6 +104,8 @@ class Settings:
     """gzip level of bundles; None picks by size and a sample (see service._auto_level)."""
     run_root: Path | None = None
     kernel_user: str | None = None
+    kernel_uids: tuple[int, int] | None = None
+    """Each kernel its own uid, from this range (``--kernel-user FIRST-LAST``)."""
     launch_id: str | None = None
     interrupt_grace_seconds: float = 2.0
     output_dir_poll_seconds: float = 5.0

@@ -394,13 +394,17 @@ async def test_gpu_slots_and_environment() -> None:
             assert replacement.slot == slot_b
 
 
-async def test_connection_files_are_private_and_removed() -> None:
-    pool = Pool(PoolConfig(size=1))
+@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+async def test_kernel_folders_are_private_and_removed(fork_server: bool) -> None:
+    """A forked kernel has no connection file at all (its key came through a pipe); a
+    spawned one's is in its private folder. Both folders go with the pool."""
+    pool = Pool(PoolConfig(size=1, fork_server=fork_server))
     await pool.start()
     private = pool.private_dir
     assert private is not None
     assert stat.S_IMODE(private.stat().st_mode) & 0o077 == 0
-    assert list(private.glob("k*/connection.json"))
+    assert [p.name for p in private.glob("k*/tmp")] == ["tmp"]  # its own temp folder
+    assert bool(list(private.glob("k*/connection.json"))) is not fork_server
     await pool.aclose()
     assert not private.exists()
 

@@ -212,6 +212,16 @@ _FIGURE_PRINTERS = (  # each display format's figure printer: its function and o
     "    print(mime, getattr(printer, 'func', printer), getattr(printer, 'keywords', None))"
 )
 KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
+    "a file and a folder left in the kernel's temp folder": Case(
+        "import os, tempfile\nfolder = tempfile.gettempdir()\n"
+        "open(os.path.join(folder, 'left-behind.txt'), 'w').write('x')\n"
+        "os.makedirs(os.path.join(folder, 'a-folder', 'inside'))",
+        "import os, tempfile\nprint(sorted(os.listdir(tempfile.gettempdir())))",
+    ),
+    "bytecode writing": Case(
+        "import sys; sys.dont_write_bytecode = not sys.dont_write_bytecode",
+        "import sys; print(sys.dont_write_bytecode)",
+    ),
     "traceback mode": Case(
         "get_ipython().run_line_magic('xmode', 'Verbose')",
         "print(get_ipython().InteractiveTB.mode)",
