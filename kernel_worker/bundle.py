@@ -9,14 +9,18 @@ One archive satisfies two readers (ARCHITECTURE §1):
   ``dirs/<folder>/<path>``;
 * the seed page, which adds manifest keys ``protocol_version``, ``executor_ref``,
   ``duration_ms``, ``outputs[]``, ``display[]``, ``console`` and members ``console.json``,
-  ``error.json`` (failures only), ``display/<file>`` (the IPython mime files) and
-  ``outputs/<name>``, which are tar hard links to ``files/<name>`` (no byte stored twice).
+  ``error.json`` (failures only) and ``display/<file>`` (the IPython mime files). Each
+  ``outputs[]`` entry's ``file`` names the ``files/<name>`` member that holds the variable
+  (the seed page's manifest is the index of the members, and Strata's client accepts
+  variables only under ``files/``), so no byte is stored twice.
 
-Member order: ``stdout.txt``, ``stderr.txt``, ``console.json``, ``error.json``, ``dirs/``,
-``files/``, ``display/``, ``outputs/``, and ``manifest.json`` last, so the manifest
-describes exactly what was written. Generated members (and copied ones, whose stat is not
-carried) have mode 0644, uid/gid 0 and mtime 0; the gzip header has mtime 0 and no name,
-so equal runs give equal bytes.
+Every member is a regular file holding its own bytes (no links), so a reader that takes
+the archive as a stream (``tarfile``'s ``r|gz``, ``tar -xzf -`` from a pipe, Go's or
+Node's tar readers) gets every member whole. Member order: ``stdout.txt``, ``stderr.txt``,
+``console.json``, ``error.json``, ``dirs/``, ``files/``, ``display/``, and
+``manifest.json`` last, so the manifest describes exactly what was written. Generated
+members (and copied ones, whose stat is not carried) have mode 0644, uid/gid 0 and mtime 0;
+the gzip header has mtime 0 and no name, so equal runs give equal bytes.
 
 The run directory is writable by the cell, so every file is opened without following
 links (a symlink or FIFO planted under ``files/`` is treated as missing) and streamed
@@ -63,7 +67,6 @@ MANIFEST_MEMBER = "manifest.json"
 FILES_DIR = "files"
 DISPLAY_DIR = "display"
 DIRS_DIR = "dirs"
-OUTPUTS_DIR = "outputs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +238,7 @@ def _seed_outputs(
             {
                 "name": name,
                 "content_type": variables[name].get("content_type"),
-                "file": _outputs_member(member),
+                "file": member,
                 "bytes": sizes[member],
             }
         )
@@ -306,10 +309,6 @@ def stored_bundle_length(run_dir: Path, outcome: CellOutcome) -> int:
     return stored_length(tar.size)
 
 
-def _outputs_member(files_member: str) -> str:
-    return f"{OUTPUTS_DIR}/{files_member.removeprefix(FILES_DIR + '/')}"
-
-
 def _dirs_member(folder: str, rel: str) -> str | None:
     parts = PurePosixPath(rel).parts
     if not parts or rel.startswith("/") or any(_plain(part) is None for part in parts):
@@ -331,11 +330,7 @@ def _write_members(tar: TarWriter, run_dir: Path, outcome: CellOutcome) -> None:
         size = _add_run_file(tar, run_dir, member)
         if size is not None:
             sizes[member] = size
-    manifest = build_manifest(outcome, sizes)
-    # One hard link per distinct file, even when several variables name it.
-    for link in dict.fromkeys(str(output["file"]) for output in _as_list(manifest["outputs"])):
-        tar.add_link(link, f"{FILES_DIR}/{PurePosixPath(link).name}")
-    tar.add_bytes(MANIFEST_MEMBER, _json(manifest))
+    tar.add_bytes(MANIFEST_MEMBER, _json(build_manifest(outcome, sizes)))
 
 
 def _wanted_members(outcome: CellOutcome) -> list[str]:
@@ -407,10 +402,6 @@ def _finite(value: object) -> object:
     if isinstance(value, list | tuple):
         return [_finite(item) for item in value]
     return value
-
-
-def _as_list(value: object) -> list[dict[str, object]]:
-    return value if isinstance(value, list) else []
 
 
 class _CountingWriter:

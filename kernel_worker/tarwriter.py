@@ -1,10 +1,11 @@
 """A write-only tar stream for bundles: the bytes ``tarfile`` writes, a header at a time.
 
-Every bundle member has the same metadata (mode 0644, uid/gid 0, no owner names, mtime 0),
-so only the name, size, type and link target vary. For the common member (an ASCII name
-and link target of at most 100 characters, under 8 GiB) the POSIX header is assembled
-here directly; ``tarfile`` spent more time building a small bundle's headers (``TarInfo``,
-its PAX checks, field encoding) than deflating the whole bundle. Any other member gets
+Every bundle member is a regular file with the same metadata (mode 0644, uid/gid 0, no
+owner names, mtime 0), so only the name and size vary. There are no links: a reader taking
+the archive as a stream cannot resolve one. For the common member (an ASCII name of at
+most 100 characters, under 8 GiB) the POSIX header is assembled here directly; ``tarfile``
+spent more time building a small bundle's headers (``TarInfo``, its PAX checks, field
+encoding) than deflating the whole bundle. Any other member gets
 ``tarfile``'s own PAX header. The archive is byte for byte what
 ``tarfile.TarFile(format=PAX_FORMAT)`` writes for the same members.
 """
@@ -20,14 +21,18 @@ BLOCK = tarfile.BLOCKSIZE
 _RECORD = tarfile.RECORDSIZE
 _NUL_BLOCK = bytes(BLOCK)
 _MAX_PLAIN_SIZE = 8**11 - 1  # the largest size the 12-byte octal field holds
-_MAX_NAME = 100  # name and link target fields
+_MAX_NAME = 100  # the name field
 _MODE = 0o644
 # name(100) | mode uid gid (8 each) | size(12) | mtime(12) | chksum(8) | type(1)
 # | linkname(100) | magic+version(8) | uname gname (32 each) | devmajor devminor (8 each)
 # | prefix(155) | pad(12)
 _MODE_UID_GID = b"%07o\0" % _MODE + b"%07o\0" % 0 + b"%07o\0" % 0
 _MTIME = b"%011o\0" % 0
-_AFTER_LINK = tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12)
+# what follows the checksum: the type (a regular file), an empty linkname, magic, zeros
+_AFTER_CHECKSUM = (
+    tarfile.REGTYPE + bytes(_MAX_NAME) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12)
+)
+_CHECKSUM_AFTER = sum(_AFTER_CHECKSUM)
 
 
 def _plain(text: str) -> bytes | None:
@@ -37,17 +42,17 @@ def _plain(text: str) -> bytes | None:
     return text.encode("ascii")
 
 
-def _header(name: str, size: int, kind: bytes, linkname: str = "") -> bytes:
-    plain_name, plain_link = _plain(name), _plain(linkname)
-    if plain_name is None or plain_link is None or size > _MAX_PLAIN_SIZE:
+def _header(name: str, size: int) -> bytes:
+    """The header of a regular file member."""
+    plain_name = _plain(name)
+    if plain_name is None or size > _MAX_PLAIN_SIZE:
         info = tarfile.TarInfo(name)
-        info.size, info.type, info.linkname = size, kind, linkname
+        info.size = size
         info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = _MODE, 0, 0, 0, "", ""
         return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
     head = plain_name.ljust(_MAX_NAME, b"\0") + _MODE_UID_GID + b"%011o\0" % size + _MTIME
-    tail = kind + plain_link.ljust(_MAX_NAME, b"\0") + _AFTER_LINK
-    checksum = sum(head) + sum(tail) + 8 * 0x20  # the checksum field counts as spaces
-    return head + b"%06o\0 " % checksum + tail
+    checksum = sum(head) + _CHECKSUM_AFTER + 8 * 0x20  # the checksum field counts as spaces
+    return head + b"%06o\0 " % checksum + _AFTER_CHECKSUM
 
 
 class TarWriter:
@@ -78,13 +83,13 @@ class TarWriter:
             self._write(_NUL_BLOCK[: BLOCK - size % BLOCK])
 
     def add_bytes(self, name: str, data: bytes) -> None:
-        self._write(_header(name, len(data), tarfile.REGTYPE))
+        self._write(_header(name, len(data)))
         self._write(data)
         self._pad(len(data))
 
     def add_file(self, name: str, source: BinaryIO, size: int) -> None:
         """``size`` bytes read from ``source``; fewer is an ``OSError`` (as in tarfile)."""
-        self._write(_header(name, size, tarfile.REGTYPE))
+        self._write(_header(name, size))
         if self._out is None:  # measuring
             self._offset += size
             self._pad(size)
@@ -97,10 +102,6 @@ class TarWriter:
             self._write(chunk)
             left -= len(chunk)
         self._pad(size)
-
-    def add_link(self, name: str, target: str) -> None:
-        """A hard link ``name`` to the earlier member ``target``."""
-        self._write(_header(name, 0, tarfile.LNKTYPE, target))
 
     def close(self) -> None:
         """Two zero blocks, then zeros up to a whole record (20 blocks), as tarfile ends."""

@@ -13,7 +13,6 @@ the thread starts, so clients may connect at once (the backlog holds them).
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import socket
 import tarfile
@@ -28,6 +27,8 @@ from starlette.datastructures import UploadFile
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from .wire import check_seed_index, stream_members
 
 SCHEMA_VERSION = "notebook-output-bundle@v1"
 
@@ -57,24 +58,20 @@ class StoredBundle:
 
 
 def open_bundle(data: bytes) -> StoredBundle:
-    """The manifest and regular members of a bundle (compression auto-detected)."""
-    members: dict[str, bytes] = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:*") as tar:
-        for info in tar.getmembers():
-            extracted = tar.extractfile(info) if info.isfile() else None
-            if extracted is not None:
-                members[info.name] = extracted.read()
-            elif info.islnk():
-                members[info.name] = members.get(info.linkname, b"")
-    return StoredBundle(json.loads(members["manifest.json"]), members)
+    """The manifest and members of a gzipped bundle, read as a stream reader reads it (a
+    member that is not a regular file with its own bytes fails the test)."""
+    members = stream_members(data)
+    manifest = json.loads(members["manifest.json"])
+    check_seed_index(manifest, members)
+    return StoredBundle(manifest, members)
 
 
 def bundle_problem(data: bytes) -> str | None:
     """Why *data* is not a valid bundle (what a store's finalize checks), or None."""
     try:
         bundle = open_bundle(data)
-    except (tarfile.TarError, KeyError, ValueError) as exc:
-        return f"unreadable bundle: {exc}"
+    except (tarfile.TarError, KeyError, ValueError, AssertionError) as exc:
+        return f"unreadable bundle: {exc!r}"
     if bundle.manifest.get("schema_version") != SCHEMA_VERSION:
         return f"schema_version is {bundle.manifest.get('schema_version')!r}"
     for name, entry in bundle.manifest.get("variables", {}).items():

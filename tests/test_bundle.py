@@ -1,4 +1,4 @@
-"""The output bundle: members, hard links, both manifests in one, and hostile run dirs."""
+"""The output bundle: members, both manifests in one, stream readers, and hostile run dirs."""
 
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ from kernel_worker.bundle import (
     stored_bundle_length,
     write_bundle,
 )
+
+from .wire import check_seed_index, stream_members
 
 X_META = {"content_type": "json/object", "file": "x.json", "bytes": 1, "preview": 2}
 REAL_KEYS = {
@@ -86,6 +88,7 @@ def bundle(run_dir: Path, result: CellOutcome) -> tuple[bytes, tarfile.TarFile]:
     written = write_bundle(run_dir, result, buffer)
     data = buffer.getvalue()
     assert written == len(data)
+    stream_members(data)  # every member whole to a stream reader too
     return data, tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")
 
 
@@ -116,8 +119,6 @@ def test_success_members_in_order(run_dir: Path) -> None:
         "display/0.png",
         "display/0.txt",
         "display/1.html",
-        "outputs/x.json",  # first named by "_", outputs[] being sorted by variable
-        "outputs/f.pickle",
         "manifest.json",
     ]
     assert read(tar, "stdout.txt").decode() == "hi ✓\n"
@@ -127,15 +128,28 @@ def test_success_members_in_order(run_dir: Path) -> None:
     assert read(tar, "display/1.html") == b"<b>2</b>"
 
 
-def test_outputs_are_hard_links_to_files(run_dir: Path) -> None:
+def test_every_member_is_a_regular_file(run_dir: Path) -> None:
+    """No links: a stream reader (tarfile's r|gz, Go's or Node's tar) cannot resolve one."""
     _, tar = bundle(run_dir, outcome())
-    for name in ("outputs/x.json", "outputs/f.pickle"):
-        member = tar.getmember(name)
-        assert member.type == tarfile.LNKTYPE and member.size == 0
-        assert member.linkname == "files/" + name.removeprefix("outputs/")
-    assert read(tar, "outputs/x.json") == b"2"  # tar resolves the link
-    for name in ("display/0.png", "files/x.json"):
-        assert tar.getmember(name).isreg()
+    assert all(member.isreg() for member in tar.getmembers())
+
+
+def test_a_seed_reader_finds_each_output_through_the_manifest(run_dir: Path) -> None:
+    """The seed page's reader, in one pass over a stream: it keeps the members, then reads
+    ``outputs[]`` and ``display[]``, whose files are the members holding the bytes."""
+    data, _ = bundle(run_dir, outcome())
+    members: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|gz") as stream:
+        for info in stream:
+            extracted = stream.extractfile(info)
+            assert extracted is not None
+            members[info.name] = extracted.read()
+    manifest = json.loads(members["manifest.json"])
+    outputs = {o["name"]: members[o["file"]] for o in manifest["outputs"]}
+    assert outputs == {"_": b"2", "f": b"\x80\x05pickled", "x": b"2"}
+    shown = {d["file"]: members[d["file"]] for d in manifest["display"]}
+    assert shown["display/0.png"] == b"\x89PNG...."
+    check_seed_index(manifest, members)
 
 
 def test_generated_and_copied_members_are_normalised(run_dir: Path) -> None:
@@ -176,9 +190,9 @@ def test_manifest_has_both_readers_keys(run_dir: Path) -> None:
     assert manifest["displays"] == [{**X_META, "file": "files/x.json"}]
     assert manifest["output_dirs"] == {}
     assert manifest["outputs"] == [
-        {"name": "_", "content_type": "json/object", "file": "outputs/x.json", "bytes": 1},
-        {"name": "f", "content_type": "pickle/object", "file": "outputs/f.pickle", "bytes": 9},
-        {"name": "x", "content_type": "json/object", "file": "outputs/x.json", "bytes": 1},
+        {"name": "_", "content_type": "json/object", "file": "files/x.json", "bytes": 1},
+        {"name": "f", "content_type": "pickle/object", "file": "files/f.pickle", "bytes": 9},
+        {"name": "x", "content_type": "json/object", "file": "files/x.json", "bytes": 1},
     ]
     assert manifest["display"] == [
         {
@@ -279,7 +293,7 @@ def test_each_file_once(run_dir: Path) -> None:
     _, tar = bundle(run_dir, outcome(variables={"x": shared, "y": shared, "_": shared}))
     names = tar.getnames()
     assert names.count("files/x.json") == 1
-    assert names.count("outputs/x.json") == 1
+    assert {o["file"] for o in manifest_of(tar)["outputs"]} == {"files/x.json"}
 
 
 @pytest.mark.parametrize("kind", ["missing", "symlink", "fifo", "directory"])
@@ -309,7 +323,7 @@ def test_symlinked_files_directory_is_not_followed(run_dir: Path, tmp_path: Path
     (run_dir / "files").rmdir()
     (run_dir / "files").symlink_to(secret)
     _, tar = bundle(run_dir, outcome())
-    assert not [n for n in tar.getnames() if n.startswith(("files/", "outputs/"))]
+    assert not [n for n in tar.getnames() if n.startswith("files/")]
     assert "error" in manifest_of(tar)["variables"]["x"]
 
 
@@ -352,7 +366,7 @@ def test_build_manifest_rewrites_to_basenames() -> None:
         {"content_type": "none"},  # a display without a file passes through
     ]
     assert manifest["outputs"] == [
-        {"name": "x", "content_type": "json/object", "file": "outputs/x.json", "bytes": 7}
+        {"name": "x", "content_type": "json/object", "file": "files/x.json", "bytes": 7}
     ]
 
 
@@ -382,6 +396,34 @@ def test_in_memory_bundle_holds_the_same_tar(run_dir: Path, level: int) -> None:
     in_memory = bundle_bytes(run_dir, outcome(), compresslevel=level)
     assert gzip.decompress(in_memory) == gzip.decompress(streamed.getvalue())
     assert in_memory[:2] == b"\x1f\x8b" and in_memory[8] == (4 if level == 1 else 0)
+
+
+@pytest.mark.parametrize(
+    "shape", ["in-memory deflated", "in-memory stored", "streamed deflated", "streamed stored"]
+)
+def test_every_shape_reads_as_a_stream(run_dir: Path, shape: str) -> None:
+    """Small bundles built in memory and large ones written while sent, deflated or stored,
+    each with a large output, an output folder and a name that needs a PAX header: every
+    member is whole to tarfile's stream mode and to tar reading a pipe."""
+    big = os.urandom(2 * 0xFFFF + 3)
+    (run_dir / "files" / "big.bin").write_bytes(big)
+    folder = run_dir / "dirs" / "ckpt"
+    folder.mkdir(parents=True)
+    (folder / ("long-name-" * 12 + ".bin")).write_bytes(b"m" * 700)
+    variables = {**outcome().variables, "big": {"content_type": "pickle/object", "file": "big.bin"}}
+    result = outcome(variables=variables, output_dirs={"ckpt": {"long-name-" * 12 + ".bin": 0}})
+    level = 0 if shape.endswith("stored") else 2
+    if shape.startswith("in-memory"):
+        data = bundle_bytes(run_dir, result, compresslevel=level)
+    else:
+        out = io.BytesIO()
+        write_bundle(run_dir, result, out, compresslevel=level)
+        data = out.getvalue()
+    members = stream_members(data)
+    manifest = json.loads(members["manifest.json"])
+    check_seed_index(manifest, members)
+    assert members[manifest["variables"]["big"]["file"]] == big
+    assert members["dirs/ckpt/" + "long-name-" * 12 + ".bin"] == b"m" * 700
 
 
 def test_a_stored_bundles_length_is_known_before_it_is_written(run_dir: Path) -> None:
@@ -418,3 +460,18 @@ def test_non_finite_previews_are_written_as_null(run_dir: Path) -> None:
     assert manifest["variables"]["x"]["preview"] == {"a": None, "b": [1.0, None, None], "c": [None]}
     assert manifest["displays"][0]["preview"]["a"] is None
     assert read(tar, "files/x.json") == b"2"  # the file itself is the cell's, untouched
+
+
+def test_the_stream_check_refuses_a_hard_link() -> None:
+    """The check every test's bundles go through fails on the layout stream readers cannot
+    read: a hard link, which they hand back empty (or, as tarfile's r|gz, refuse)."""
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as tar:
+        info = tarfile.TarInfo("files/x.json")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"2"))
+        link = tarfile.TarInfo("outputs/x.json")
+        link.type, link.linkname = tarfile.LNKTYPE, "files/x.json"
+        tar.addfile(link)
+    with pytest.raises(AssertionError, match=r"outputs/x\.json is not a regular file"):
+        stream_members(raw.getvalue())

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from kernel_worker.tarwriter import TarWriter
 
-# (kind, name, payload or link target)
-Member = tuple[str, str, bytes | str]
+# (kind, name, payload): kind "bytes" (add_bytes) or "file" (add_file)
+Member = tuple[str, str, bytes]
 
 MEMBERS: list[Member] = [
     ("bytes", "stdout.txt", b"hello\n"),
@@ -25,9 +25,7 @@ MEMBERS: list[Member] = [
     ("bytes", "files/" + "n" * 94, b"a name of exactly 100 characters"),
     ("bytes", "dirs/out/" + "long" * 30 + ".csv", b"a,b\n"),  # over 100: PAX path record
     ("bytes", "dirs/out/données.csv", b"non-ASCII name: PAX path record"),
-    ("link", "outputs/result.arrow", "files/result.arrow"),
-    ("link", "outputs/" + "y" * 120, "files/result.arrow"),  # long link name
-    ("link", "outputs/other", "files/" + "z" * 101),  # long link target: PAX linkpath
+    ("file", "dirs/out/" + "y" * 120, b"a long name from a file"),
     ("bytes", "manifest.json", b'{"success": true}'),
 ]
 
@@ -35,19 +33,13 @@ MEMBERS: list[Member] = [
 def reference(members: list[Member]) -> bytes:
     out = io.BytesIO()
     with tarfile.TarFile(fileobj=out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for kind, name, payload in members:
+        for _, name, payload in members:
             info = tarfile.TarInfo(name)
             info.mode, info.mtime, info.uid, info.gid, info.uname, info.gname = (
                 0o644, 0, 0, 0, "", ""
             )  # fmt: skip
-            if kind == "link":
-                assert isinstance(payload, str)
-                info.type, info.linkname = tarfile.LNKTYPE, payload
-                tar.addfile(info)
-            else:
-                assert isinstance(payload, bytes)
-                info.size = len(payload)
-                tar.addfile(info, io.BytesIO(payload))
+            info.size = len(payload)
+            tar.addfile(info, io.BytesIO(payload))
     return out.getvalue()
 
 
@@ -55,14 +47,9 @@ def ours(members: list[Member]) -> bytes:
     out = io.BytesIO()
     tar = TarWriter(out, copy_bytes=1000)  # several reads per file
     for kind, name, payload in members:
-        if kind == "link":
-            assert isinstance(payload, str)
-            tar.add_link(name, payload)
-        elif kind == "file":
-            assert isinstance(payload, bytes)
+        if kind == "file":
             tar.add_file(name, io.BytesIO(payload), len(payload))
         else:
-            assert isinstance(payload, bytes)
             tar.add_bytes(name, payload)
     tar.close()
     return out.getvalue()
@@ -89,17 +76,14 @@ _NAME_CHARACTERS = st.one_of(
 @given(
     st.lists(
         st.tuples(
-            st.sampled_from(["bytes", "link"]),
+            st.sampled_from(["bytes", "file"]),
             st.text(_NAME_CHARACTERS, min_size=1, max_size=130),
             st.binary(max_size=1500),
         ),
         max_size=6,
     )
 )
-def test_any_member_names_give_tarfiles_bytes(raw: list[tuple[str, str, bytes]]) -> None:
-    members: list[Member] = [
-        (kind, name, payload if kind == "bytes" else "target") for kind, name, payload in raw
-    ]
+def test_any_member_names_give_tarfiles_bytes(members: list[Member]) -> None:
     assert ours(members) == reference(members)
 
 
@@ -117,9 +101,9 @@ def test_gnu_tar_reads_it(tmp_path: Path) -> None:
         ["tar", "-tvf", str(archive)], capture_output=True, text=True, check=True
     ).stdout.splitlines()
     assert len(listing) == len(MEMBERS)
+    assert all(line.startswith("-rw-r--r--") for line in listing)  # regular files, 0644
     assert "dirs/out/données.csv" in listing[6]
-    assert "outputs/result.arrow link to files/result.arrow" in listing[7]
-    wanted = ["files/result.arrow", "outputs/result.arrow"]
+    wanted = ["files/result.arrow", "dirs/out/" + "y" * 120]
     subprocess.run(["tar", "-xf", str(archive), "-C", str(tmp_path), *wanted], check=True)
     assert (tmp_path / "files" / "result.arrow").read_bytes() == b"\x00\xff" * 3000
-    assert (tmp_path / "outputs" / "result.arrow").stat().st_nlink == 2
+    assert (tmp_path / "dirs" / "out" / ("y" * 120)).read_bytes() == b"a long name from a file"

@@ -1,9 +1,17 @@
-"""Test helpers that speak the wire format: build execute requests, read bundles."""
+"""Test helpers that speak the wire format: build execute requests, read bundles.
+
+Every bundle a test reads through :func:`read_bundle` (or the fake store's
+``open_bundle``) is read the way a stream reader reads it, once with ``tarfile`` in stream
+mode and once with ``tar`` from a pipe, and its seed-page index is checked against its
+members: a bundle only a seeking reader could read fails the test that made it.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import shutil
+import subprocess
 import tarfile
 import threading
 import time
@@ -27,7 +35,6 @@ class Bundle:
     headers: httpx.Headers
     manifest: dict[str, Any]
     members: dict[str, bytes]
-    links: dict[str, str]
 
     @property
     def variables(self) -> dict[str, Any]:
@@ -45,18 +52,47 @@ class Bundle:
 
 def read_bundle(response: httpx.Response) -> Bundle:
     assert response.status_code == 200, response.text
-    members: dict[str, bytes] = {}
-    links: dict[str, str] = {}
-    with tarfile.open(fileobj=io.BytesIO(response.content), mode="r:*") as tar:
-        for info in tar.getmembers():
-            if info.islnk():
-                links[info.name] = info.linkname
-            elif info.isfile():
-                extracted = tar.extractfile(info)
-                assert extracted is not None
-                members[info.name] = extracted.read()
+    members = stream_members(response.content)
     manifest = json.loads(members["manifest.json"])
-    return Bundle(response.status_code, response.headers, manifest, members, links)
+    check_seed_index(manifest, members)
+    return Bundle(response.status_code, response.headers, manifest, members)
+
+
+def stream_members(data: bytes) -> dict[str, bytes]:
+    """The members of the gzipped bundle *data*, read in one pass as a stream reader does
+    (``tarfile``'s ``r|gz``: no seeking back, so no link could be resolved). Each must be a
+    regular file with its own bytes, named once; GNU ``tar -xzf - -O`` reading *data* from
+    a pipe must succeed and give the same bytes, member after member."""
+    members: dict[str, bytes] = {}
+    with tarfile.open(fileobj=io.BytesIO(data), mode="r|gz") as tar:
+        for info in tar:
+            assert info.isreg(), f"bundle member {info.name} is not a regular file ({info.type!r})"
+            assert info.name not in members, f"bundle member {info.name} appears twice"
+            extracted = tar.extractfile(info)
+            assert extracted is not None
+            members[info.name] = extracted.read()
+            assert len(members[info.name]) == info.size, info.name
+    assert _TAR is not None, "tar is needed to check that bundles read from a pipe"
+    piped = subprocess.run(
+        [_TAR, "-xzf", "-", "-O"], input=data, capture_output=True, timeout=60, check=False
+    )
+    assert piped.returncode == 0, piped.stderr.decode(errors="replace")
+    assert piped.stdout == b"".join(members.values()), "tar from a pipe read other bytes"
+    return members
+
+
+_TAR = shutil.which("tar")
+
+
+def check_seed_index(manifest: dict[str, Any], members: dict[str, bytes]) -> None:
+    """The seed page's index (``outputs[]``, ``display[]``, ``console``) names members that
+    are there, with the sizes it gives; each output's member is its variable's own file."""
+    for output in manifest.get("outputs", []):
+        assert len(members[output["file"]]) == output["bytes"], output
+        assert output["file"] == manifest["variables"][output["name"]]["file"], output
+    for display in manifest.get("display", []):
+        assert len(members[display["file"]]) == display["bytes"], display
+    assert manifest.get("console", "console.json") in members
 
 
 def execute(
