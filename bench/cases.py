@@ -188,16 +188,21 @@ def prepare_request(case: Case, payload: bytes | None) -> PreparedRequest:
     return PreparedRequest(body, request.headers["content-type"], description)
 
 
-def check_bundle(case: Case, content: bytes) -> str | None:
-    """What is wrong with a response bundle for this case, or ``None`` (blocking: thread)."""
+def read_manifest(content: bytes) -> tuple[dict[str, Any] | None, str | None]:
+    """A response bundle's manifest, or why it could not be read (blocking: thread)."""
     try:
         with tarfile.open(fileobj=io.BytesIO(content), mode="r:*") as tar:
             member = tar.extractfile("manifest.json")
             if member is None:
-                return "manifest.json is not a file"
+                return None, "manifest.json is not a file"
             manifest: dict[str, Any] = json.loads(member.read())
     except (tarfile.TarError, KeyError, ValueError, OSError) as exc:
-        return f"not a readable bundle: {exc!r}"
+        return None, f"not a readable bundle: {exc!r}"
+    return manifest, None
+
+
+def manifest_problem(case: Case, manifest: dict[str, Any]) -> str | None:
+    """What is wrong with a manifest for this case, or ``None``."""
     if manifest.get("success") is not True:
         return f"success={manifest.get('success')!r} error={manifest.get('error')!r}"
     variables = manifest.get("variables") or {}
@@ -208,3 +213,9 @@ def check_bundle(case: Case, content: bytes) -> str | None:
         if not any(d.get("content_type") == "image/png" for d in displays):
             return f"no image/png display in {displays!r:.300}"
     return None
+
+
+def check_bundle(case: Case, content: bytes) -> str | None:
+    """What is wrong with a response bundle for this case, or ``None`` (blocking: thread)."""
+    manifest, problem = read_manifest(content)
+    return problem if manifest is None else manifest_problem(case, manifest)

@@ -25,11 +25,12 @@ from .plan import BenchPlan
 from .pool_bench import run_pool_bench
 from .processes import find_reference_bin
 from .report import evaluate_targets, render_table
-from .worker_bench import Reference, WorkerBench
+from .worker_bench import Reference, WorkerBench, case_names
 
 log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
+UNCHARTED_CASES = frozenset({"libraries"})  # the chart has no panel for these: a table only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reference-bin", metavar="PATH",
                         help="strata-worker executable (default: PATH, then the interop venv)")  # fmt: skip
     parser.add_argument("--only", choices=("pool", "worker"), help="run one level only")
+    parser.add_argument("--cases", nargs="+", metavar="NAME",
+                        help="only these worker-level cases (e.g. libraries, trivial, churn); "
+                        "results go to cases-<names>.json")  # fmt: skip
     parser.add_argument("--results-dir", type=Path, default=RESULTS, metavar="DIR",
                         help="where latest.json and latest.png go (default bench/results)")  # fmt: skip
     return parser
@@ -65,9 +69,30 @@ def _reference(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ref
     return Reference(binary, None)
 
 
+def _cases(args: argparse.Namespace, parser: argparse.ArgumentParser) -> frozenset[str] | None:
+    """``--cases`` (names may also be comma-separated), checked against the known names."""
+    if not args.cases:
+        return None
+    if args.only == "pool":
+        parser.error("--cases selects worker-level cases: not with --only pool")
+    names = frozenset(n for item in args.cases for n in item.split(",") if n)
+    known = case_names(full=args.full)
+    unknown = sorted(names - set(known))
+    if unknown:
+        parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}"
+                     + ("" if args.full else " (the 1 GB cases need --full)"))  # fmt: skip
+    return names
+
+
+def results_stem(cases: frozenset[str] | None) -> str:
+    """``latest`` for a whole run; a selection is kept apart, so it never replaces that."""
+    return "latest" if cases is None else "cases-" + "-".join(sorted(cases))
+
+
 async def _run(
-    plan: BenchPlan, reference: Reference, only: str | None, results_dir: Path
-) -> dict[str, Any]:
+    plan: BenchPlan, reference: Reference, only: str | None, results_dir: Path,
+    cases: frozenset[str] | None = None,
+) -> dict[str, Any]:  # fmt: skip
     failures: list[Failure] = []
     results: dict[str, Any] = {}
     # where the worker puts run directories by default (a tmpfs when there is one): the
@@ -76,12 +101,12 @@ async def _run(
         await asyncio.to_thread(tempfile.mkdtemp, "", "kernel-bench-", default_run_root())
     )
     try:
-        if only in (None, "pool"):
+        if only in (None, "pool") and cases is None:
             log.info("pool level")
             results["pool"] = await run_pool_bench(plan.pool, workdir, failures)
         if only in (None, "worker"):
             log.info("worker level")
-            bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures)
+            bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures, cases)
             try:
                 results["worker"] = await bench.run()
             except BenchError as exc:
@@ -97,8 +122,9 @@ def _load() -> list[float]:
 
 
 def _meta(
-    args: argparse.Namespace, plan: BenchPlan, seconds: float, load_before: list[float]
-) -> dict[str, Any]:
+    args: argparse.Namespace, plan: BenchPlan, cases: frozenset[str] | None, seconds: float,
+    load_before: list[float],
+) -> dict[str, Any]:  # fmt: skip
     return {
         "mode": ("quick" if plan.quick else "standard") + (" + 1 GB" if plan.full else ""),
         "argv": sys.argv[1:],
@@ -108,6 +134,7 @@ def _meta(
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "elapsed_seconds": round(seconds, 1),
         "reference": bool(args.compare_url or args.with_reference),
+        "cases": None if cases is None else sorted(cases),
         "load_before": load_before,
         "load_after": _load(),
     }
@@ -117,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     reference = _reference(args, parser)
+    cases = _cases(args, parser)
     plan = BenchPlan.make(quick=args.quick, full=args.full)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s bench %(message)s",
                         datefmt="%H:%M:%S", stream=sys.stderr)  # fmt: skip
@@ -124,16 +152,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     started = time.monotonic()
     load_before = _load()
-    results = asyncio.run(_run(plan, reference, args.only, args.results_dir))
-    results = {"meta": _meta(args, plan, time.monotonic() - started, load_before), **results}
+    results = asyncio.run(_run(plan, reference, args.only, args.results_dir, cases))
+    meta = _meta(args, plan, cases, time.monotonic() - started, load_before)
+    results = {"meta": meta, **results}
     results["targets"] = evaluate_targets(results)
     args.results_dir.mkdir(parents=True, exist_ok=True)
-    (args.results_dir / "latest.json").write_text(json.dumps(results, indent=2) + "\n")
-    with contextlib.suppress(ImportError):
-        write_chart(results, args.results_dir / "latest.png")
+    stem = results_stem(cases)
+    json_path, chart_path = (args.results_dir / f"{stem}{ext}" for ext in (".json", ".png"))
+    json_path.write_text(json.dumps(results, indent=2) + "\n")
+    charted = cases is None or bool(cases - UNCHARTED_CASES)
+    if charted:
+        with contextlib.suppress(ImportError):
+            write_chart(results, chart_path)
     print(render_table(results))
-    print(
-        f"\nresults: {args.results_dir / 'latest.json'}, chart: {args.results_dir / 'latest.png'}"
-    )
+    print(f"\nresults: {json_path}" + (f", chart: {chart_path}" if charted else ""))
     if results["failures"]:
         sys.exit(1)

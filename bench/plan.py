@@ -79,6 +79,15 @@ class MemoryPlan:
 
 
 @dataclass(frozen=True, slots=True)
+class LibraryPlan:
+    """The library matrix: runs per library on a one-kernel worker of its own."""
+
+    warm_runs: int  # after the first (cold) run, each on the same kernel
+    reference_runs: int  # after one unrecorded warm-up (a new process per cell anyway)
+    budget_seconds: float  # per library and target
+
+
+@dataclass(frozen=True, slots=True)
 class BenchPlan:
     quick: bool
     full: bool
@@ -93,6 +102,7 @@ class BenchPlan:
     preload: PreloadPlan
     churn: ChurnPlan
     memory: MemoryPlan
+    libraries: LibraryPlan
     kernels: int = 2
 
     @classmethod
@@ -112,6 +122,7 @@ class BenchPlan:
                 preload=PreloadPlan(30, 6, 3, 3),
                 churn=ChurnPlan(10, 200, 60, 0.15, 12, 45.0),
                 memory=MemoryPlan(1000, 100, 20, (1000 if full else 100) * MB, 120.0),
+                libraries=LibraryPlan(5, 2, 60.0),
             )
         return cls(
             quick=False,
@@ -126,4 +137,5 @@ class BenchPlan:
             preload=PreloadPlan(300, 12, 6, 6),
             churn=ChurnPlan(10, 1000, 200, 0.15, 30, 240.0),
             memory=MemoryPlan(10_000, 1000, 50, (1000 if full else 100) * MB, 900.0),
+            libraries=LibraryPlan(20, 3, 120.0),
         )

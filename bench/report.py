@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -114,6 +115,8 @@ def evaluate_targets(results: dict[str, Any]) -> list[dict[str, Any]]:
                 _get(growth, "kernels", "growth_percent"), lambda v: v < 5),
         _target("worker: 1 GB output, peak RSS above idle (GB, --full)", "< 1.5",
                 peak_gb, lambda v: v < 1.5),
+        _target("worker: libraries, kernel retirements (all libraries)", "0",
+                _get(worker, "libraries", "goal", "retirements"), lambda v: v == 0),
     ]  # fmt: skip
 
 
@@ -150,11 +153,24 @@ def _pool_lines(pool: dict[str, Any]) -> list[str]:
 
 
 def _worker_lines(worker: dict[str, Any]) -> list[str]:
+    lines = _case_lines(worker.get("cases") or {})
+    lines += _preload_lines(_get(worker, "cases", "preloaded_model"))
+    for section in (_throughput_lines(worker.get("throughput") or {}),
+                    _transfer_lines(worker.get("transfer") or {}), _churn_lines(worker.get("churn")),
+                    _memory_lines(worker.get("memory")), _library_lines(worker.get("libraries"))):  # fmt: skip
+        if section:
+            lines += ["", *section] if lines else section
+    return lines
+
+
+def _case_lines(cases: dict[str, Any]) -> list[str]:
+    if not cases:
+        return []
     head = (f"{'WORKER (HTTP, p50 unless noted)':<27}{'raw':>9}{'http':>9}{'ours':>9}"
             f"{'ours p95':>10}{'ours p99':>10}{'1st ours':>10}{'fresh':>9}{'ref':>9}"
             f"{'ours/raw':>10}{'/(r+http)':>10}{'fresh/ours':>11}{'ref/ours':>10}")  # fmt: skip
     lines = [head]
-    for name, case in (worker.get("cases") or {}).items():
+    for name, case in cases.items():
         t = case.get("targets") or {}
 
         def p(target: str, q: str = "p50", t: dict[str, Any] = t) -> str:
@@ -168,21 +184,21 @@ def _worker_lines(worker: dict[str, Any]) -> list[str]:
             f"{fmt_ratio(r.get('ours_vs_raw_plus_http')):>10}"
             f"{fmt_ratio(r.get('fresh_vs_ours')):>11}{fmt_ratio(r.get('reference_vs_ours')):>10}"
         )
-    lines += _preload_lines(_get(worker, "cases", "preloaded_model"))
-    lines.append("")
-    lines.append(f"{'THROUGHPUT trivial, cells/s':<29}" + "".join(f"{n:>11}" for n in TARGET_ORDER)
-                 + f"{'ours p50':>10}{'ours p99':>10}  ours CPU ms/cell: worker/kernels/client, busy")  # fmt: skip
-    for clients, level in (worker.get("throughput") or {}).items():
+    return lines
+
+
+def _throughput_lines(levels: dict[str, Any]) -> list[str]:
+    if not levels:
+        return []
+    lines = [f"{'THROUGHPUT trivial, cells/s':<29}" + "".join(f"{n:>11}" for n in TARGET_ORDER)
+             + f"{'ours p50':>10}{'ours p99':>10}  ours CPU ms/cell: worker/kernels/client, busy"]  # fmt: skip
+    for clients, level in levels.items():
         cells = "".join(f"{fmt_rate(_get(level, n, 'cells_per_second')):>11}" for n in TARGET_ORDER)
         lines.append(
             f"{f'{clients} client(s), 2 kernels':<29}{cells}"
             f"{fmt_seconds(_get(level, 'ours', 'latency', 'p50')):>10}"
             f"{fmt_seconds(_get(level, 'ours', 'latency', 'p99')):>10}  {_cpu_text(level.get('ours'))}"
         )
-    for section in (_transfer_lines(worker.get("transfer") or {}), _churn_lines(worker.get("churn")),
-                    _memory_lines(worker.get("memory"))):  # fmt: skip
-        if section:
-            lines += ["", *section]
     return lines
 
 
@@ -287,6 +303,67 @@ def _memory_lines(memory: dict[str, Any] | None) -> list[str]:
     return lines
 
 
+def _library_lines(libraries: dict[str, Any] | None) -> list[str]:
+    """Retirements and second-run latency per library, and the zero-retirements goal."""
+    if not libraries:
+        return []
+    title = (f"LIBRARIES: retirements per library, second-run latency per library "
+             f"(1 kernel each; warm = runs 2..{1 + libraries.get('warm_runs', 0)})")  # fmt: skip
+    lines = [title, f"{'library':<20}{'runs':>5}{'retired':>8}{'kernel':>7}{'module':>7}{'1st':>9}"
+             f"{'2nd':>9}{'warm p50':>9}{'1st/warm':>9}{'ref':>9}{'ref/ours':>9}"]  # fmt: skip
+    not_run: dict[str, list[str]] = {}
+    for name, entry in (libraries.get("libraries") or {}).items():
+        ours, r = entry.get("ours") or {}, entry.get("ratios") or {}
+        if entry.get("skipped") or ours.get("problem"):
+            not_run.setdefault(f"ours: {entry.get('skipped') or ours['problem']}", []).append(name)
+        ref = entry.get("reference") or {}
+        if ref.get("problem"):
+            not_run.setdefault(f"reference: {_reason(ref['problem'])}", []).append(name)
+        lines.append(
+            f"{name[:19]:<20}{ours.get('runs', 0):>5}{_retired(ours):>8}"
+            f"{_same(ours.get('same_kernel')):>7}{_same(ours.get('same_module')):>7}"
+            f"{fmt_seconds(ours.get('first')):>9}{fmt_seconds(ours.get('second')):>9}"
+            f"{fmt_seconds(_get(ours, 'warm', 'p50')):>9}{fmt_ratio(r.get('first_vs_warm')):>9}"
+            f"{fmt_seconds(_get(ref, 'latency', 'p50')):>9}{fmt_ratio(r.get('reference_vs_ours')):>9}"
+        )
+    for reason, names in not_run.items():
+        lines.append(f"  not measured, {reason}: {', '.join(names)}")
+    return [*lines, _library_goal_line(libraries.get("goal") or {})]
+
+
+def _retired(ours: dict[str, Any]) -> str:
+    if "retired" not in ours:
+        return "-"
+    reasons = ",".join(f"{reason} {count}" for reason, count in ours["retirements"].items())
+    return f"{ours['retired']}" + (f" ({reasons})" if reasons else "")
+
+
+def _same(value: bool | None) -> str:
+    return {True: "same", False: "NEW", None: "-"}[value]
+
+
+_NO_MODULE = re.compile(r"No module named '?([\w.]+)")
+
+
+def _reason(problem: str) -> str:
+    """A baseline's failure in a few words (its environment lacks a library, mostly)."""
+    if _NO_MODULE.search(problem):
+        return "not installed in its environment"
+    return problem.removeprefix("success=False error=")[:100]
+
+
+def _library_goal_line(goal: dict[str, Any]) -> str:
+    total = goal.get("retirements")
+    verdict = {True: "met", False: "MISSED", None: "not run"}[goal.get("met")]
+    line = (f"  goal, zero retirements: {verdict} ({'-' if total is None else total} over "
+            f"{goal.get('libraries', 0)} libraries, {goal.get('runs', 0)} runs")  # fmt: skip
+    if goal.get("retired_libraries"):
+        line += f"; kernel lost by: {', '.join(goal['retired_libraries'])}"
+    if goal.get("modules_reimported"):
+        line += f"; imported again: {', '.join(goal['modules_reimported'])}"
+    return line + ")"
+
+
 def _cpu_text(result: dict[str, Any] | None) -> str:
     per_cell = _get(result, "cpu_seconds_per_cell") or {}
     if not per_cell:
@@ -333,6 +410,9 @@ def render_table(results: dict[str, Any]) -> str:
         lines += [*_pool_lines(results["pool"]), ""]
     if results.get("worker"):
         lines += [*_worker_lines(results["worker"]), ""]
-    lines += _target_lines(results.get("targets") or [])
+    targets = results.get("targets") or []
+    if _get(results, "meta", "cases"):  # a selection: the targets it did not measure are noise
+        targets = [t for t in targets if t["met"] is not None]
+    lines += _target_lines(targets)
     lines += _failure_lines(results.get("failures") or [])
     return "\n".join(lines)

@@ -7,6 +7,9 @@ Targets, measured case by case in this order so drift hits them alike:
 * ``ours``: ``strata-kernel-worker --recycle reset`` (the product, 2 warm kernels);
 * ``fresh``: ``strata-kernel-worker --recycle fresh`` (a new kernel for every cell);
 * ``reference``: ``strata-worker`` (started here, or already running at ``--compare-url``).
+
+Then the cases on workers of their own: the preloaded model, churn, memory and the library
+matrix (:mod:`bench.library_bench`). ``cases`` (``--cases``) runs a selection of them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import httpx
 from .cases import PRELOAD_FILE, Case, arrow_stream, prepare_request, raw_source, worker_cases
 from .churn import run_churn
 from .errors import BenchError, Failure
+from .library_bench import run_libraries
 from .measure import (
     CpuProbe,
     HttpTarget,
@@ -58,6 +62,12 @@ START_SECONDS = 180.0
 _POOLED = ("raw", "http", "ours", *LEAN_TARGETS)  # fast, warm targets: measured interleaved
 INTERLEAVE_BLOCK = 5
 HTTP_TIMEOUT_SECONDS = 900.0
+OWN_WORKER_CASES = ("preloaded_model", "throughput", "churn", "memory", "libraries")
+
+
+def case_names(*, full: bool) -> tuple[str, ...]:
+    """What ``--cases`` can select: the latency cases, then the others in the order they run."""
+    return (*(case.name for case in worker_cases(full=full)), *OWN_WORKER_CASES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,31 +102,44 @@ class WorkerBench:
 
     def __init__(
         self, plan: BenchPlan, reference: Reference, workdir: Path, logs: Path,
-        failures: list[Failure],
+        failures: list[Failure], cases: frozenset[str] | None = None,
     ) -> None:  # fmt: skip
         self.plan = plan
+        self.cases = cases  # None: every case
         self.reference = reference
         self.workdir = workdir
         self.logs = logs
         self.failures = failures
         self.described: dict[str, str] = {}
 
+    def _wants(self, name: str) -> bool:
+        return self.cases is None or name in self.cases
+
     async def run(self) -> dict[str, Any]:
         async with contextlib.AsyncExitStack() as stack:
             targets = await self._start(stack)
             cases: dict[str, Any] = {}
             for case in worker_cases(full=self.plan.full):
-                log.info("worker case %s", case.name)
-                cases[case.name] = await self._case(case, targets)
-            log.info("worker case preloaded_model")
-            preloaded = await self._guarded("preloaded_model", self._preloaded, targets)
-            if preloaded is not None:
-                cases["preloaded_model"] = preloaded
-            levels = await self._throughput(targets)
-            log.info("worker churn: every %dth cell kills its kernel", self.plan.churn.every)
-            churn = await self._guarded("churn", self._churn, targets)
-            log.info("worker memory: %d trivial cells, one large output", self.plan.memory.cells)
-            memory = await self._guarded("memory", self._memory, targets)
+                if self._wants(case.name):
+                    log.info("worker case %s", case.name)
+                    cases[case.name] = await self._case(case, targets)
+            if self._wants("preloaded_model"):
+                log.info("worker case preloaded_model")
+                preloaded = await self._guarded("preloaded_model", self._preloaded, targets)
+                if preloaded is not None:
+                    cases["preloaded_model"] = preloaded
+            levels = await self._throughput(targets) if self._wants("throughput") else {}
+            churn = memory = libraries = None
+            if self._wants("churn"):
+                log.info("worker churn: every %dth cell kills its kernel", self.plan.churn.every)
+                churn = await self._guarded("churn", self._churn, targets)
+            if self._wants("memory"):
+                cells = self.plan.memory.cells
+                log.info("worker memory: %d trivial cells, one large output", cells)
+                memory = await self._guarded("memory", self._memory, targets)
+            if self._wants("libraries"):
+                log.info("worker libraries: each on a one-kernel worker of its own")
+                libraries = await self._guarded("libraries", self._libraries, targets)
         return {
             "kernels": self.plan.kernels,
             "targets": self.described,
@@ -125,6 +148,7 @@ class WorkerBench:
             "transfer": transfer_rates(cases),
             "churn": churn,
             "memory": memory,
+            "libraries": libraries,
         }
 
     # -- targets ---------------------------------------------------------------------------
@@ -220,6 +244,11 @@ class WorkerBench:
         async with self._servers(targets, ("ours-memory", "reset", 0, None)) as (ours,):
             reference = targets.by_name.get("reference")
             return await run_memory(self.plan, ours, targets.raw, reference, self.failures)
+
+    async def _libraries(self, targets: Targets) -> dict[str, Any]:
+        reference = targets.by_name.get("reference")
+        return await run_libraries(self.plan.libraries, targets.client, self.workdir, self.logs,
+                                   reference, self.failures)  # fmt: skip
 
     async def _external(self, client: httpx.AsyncClient, url: str) -> HttpTarget:
         url = url.rstrip("/")
