@@ -1,14 +1,14 @@
 """The pool's helper that lives inside every kernel: baseline capture, reset, verification.
 
 This file is never imported by the pool process. Its source, followed by those of
-``_inkernel_state.py``, ``_inkernel_logging.py``, ``_inkernel_modules.py`` and
-``_inkernel_patches.py`` (the interpreter, process, logging and module settings a reset
-restores), ``_inkernel_imports.py`` and ``_inkernel_threads.py`` (which entries of
-``sys.modules`` and which threads left running are a library's) and
-``_inkernel_messaging.py`` (what the kernel publishes, and when), is sent to each kernel
-once at start-up and executed there as the module ``_kernel_pool_agent`` (stdlib only).
-The pool then calls its functions through ``user_expressions``, so nothing is ever bound
-in the user namespace by the pool itself.
+``_inkernel_state.py``, ``_inkernel_logging.py``, ``_inkernel_modules.py``,
+``_inkernel_hooks.py`` and ``_inkernel_patches.py`` (the interpreter, process, logging,
+hook and module settings a reset restores), ``_inkernel_imports.py`` and
+``_inkernel_threads.py`` (which entries of ``sys.modules`` and which threads left running
+are a library's) and ``_inkernel_messaging.py`` (what the kernel publishes, and when), is
+sent to each kernel once at start-up and executed there as the module
+``_kernel_pool_agent`` (stdlib only). The pool then calls its functions through
+``user_expressions``, so nothing is ever bound in the user namespace by the pool itself.
 
 Other in-kernel code (e.g. a worker's agent) may call :func:`register_reset_hook` to have
 its own per-request state cleared by every reset.

@@ -62,6 +62,7 @@ _INKERNEL_FILES = (
     "_inkernel_state",
     "_inkernel_logging",
     "_inkernel_modules",
+    "_inkernel_hooks",
     "_inkernel_patches",
     "_inkernel_imports",
     "_inkernel_threads",

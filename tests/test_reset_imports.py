@@ -301,7 +301,8 @@ async def test_a_cells_thread_that_reuses_an_ended_baseline_threads_ident_retire
         "thread = threading.Thread(target=time.sleep, args=(30,), daemon=True)\n"
         "thread.start()\nprint(thread.ident == ident)\n"
     )
-    async with started(PoolConfig(size=1, preload=preload)) as pool:
+    # the per-kernel stage: threads cannot be forked from the template
+    async with started(PoolConfig(size=1, kernel_init=preload)) as pool:
         async with pool.lease() as lease:
             first = lease.kernel_id
             reused = await run(lease, code, last=last)

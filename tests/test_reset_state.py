@@ -222,6 +222,17 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "import sys; sys.dont_write_bytecode = not sys.dont_write_bytecode",
         "import sys; print(sys.dont_write_bytecode)",
     ),
+    "an atexit callback": Case(  # (unregistered, atexit lets go of it)
+        "import atexit, sys, weakref\nclass Bye:\n    def __call__(self):\n        print('bye')\n"
+        "bye = Bye()\natexit.register(bye)\nsys._kernel_pool_test_exit = weakref.ref(bye)",
+        "import gc, sys\ngc.collect()\n"
+        "print(getattr(sys, '_kernel_pool_test_exit', lambda: None)() is None)",
+    ),
+    "the signal wakeup fd": Case(
+        "import os, signal\nread, write = os.pipe()\nos.set_blocking(write, False)\n"
+        "signal.set_wakeup_fd(write)",
+        "import signal\nfd = signal.set_wakeup_fd(-1)\nsignal.set_wakeup_fd(fd)\nprint(fd)",
+    ),
     "traceback mode": Case(
         "get_ipython().run_line_magic('xmode', 'Verbose')",
         "print(get_ipython().InteractiveTB.mode)",
@@ -352,6 +363,14 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
         "      Figure in printers['image/svg+xml'].type_printers)",
     ),
 }
+
+if sys.version_info >= (3, 12):  # sys.monitoring
+    KERNEL_CASES["a sys.monitoring tool"] = Case(
+        "import sys\nm = sys.monitoring\nm.use_tool_id(3, 'cell profiler')\n"
+        "m.register_callback(3, m.events.PY_START, lambda *a: None)\n"
+        "m.set_events(3, m.events.PY_START)",
+        "import sys\nm = sys.monitoring\nprint(m.get_tool(3), m.get_events(3))",
+    )
 
 
 @pytest.fixture
