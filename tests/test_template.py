@@ -207,3 +207,31 @@ async def test_a_traceback_through_a_preloaded_function_shows_its_source() -> No
     )
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)  # IPython's colours
     assert "<preload>" in text and "raise LookupError(f'no weights for {name}')" in text, text
+
+
+async def test_a_scikit_learn_model_fitted_once_serves_every_kernel(tmp_path: Path) -> None:
+    """A real model, from the data the package ships: fitted once in the template, used by
+    every kernel and by a replacement, never fitted again."""
+    runs = tmp_path / "fits"
+    preload = (
+        "from sklearn.datasets import load_iris\n"
+        "from sklearn.linear_model import LogisticRegression\n"
+        "_X, _y = load_iris(return_X_y=True)\n"
+        "model = LogisticRegression(max_iter=500).fit(_X, _y)\n"
+        f"open({str(runs)!r}, 'a').write('fit\\n')\n"
+    )
+    cell = "print(model.predict([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]).tolist())"
+    async with started(PoolConfig(size=2, preload=preload)) as pool:
+        async with pool.lease() as one, pool.lease() as two:
+            assert await run(one, cell) == await run(two, cell) == "[0, 2]\n"
+            (pid,) = [p for p in pool.kernel_pids().values() if p == one.pid]
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while pid in pool.kernel_pids().values() or pool.stats().idle < 2:
+            assert time.monotonic() < deadline, pool.stats()
+            await asyncio.sleep(0.05)
+        async with pool.lease() as lease, pool.lease() as other:
+            for kernel in (lease, other):
+                assert await run(kernel, cell) == "[0, 2]\n"
+    assert runs.read_text() == "fit\n"
