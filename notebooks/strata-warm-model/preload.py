@@ -1,6 +1,6 @@
-"""Worker preload for the ``strata-warm-model`` notebook: build the model once per kernel.
+"""Worker preload for the ``strata-warm-model`` notebook: build the model once.
 
-The kernel worker runs this file in every kernel it starts::
+The kernel worker runs this file once, in the template every kernel is forked from::
 
     strata-kernel-worker --preload notebooks/strata-warm-model/preload.py
 
