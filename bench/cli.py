@@ -25,12 +25,15 @@ from .plan import BenchPlan
 from .pool_bench import run_pool_bench
 from .processes import find_reference_bin
 from .report import evaluate_targets, render_table
+from .template import TemplatePlan, run_template
+from .template_report import template_lines, template_targets
 from .worker_bench import Reference, WorkerBench, case_names
 
 log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
-UNCHARTED_CASES = frozenset({"libraries"})  # the chart has no panel for these: a table only
+TEMPLATE = "template"  # a case with workers of its own, run after the worker level
+UNCHARTED_CASES = frozenset({"libraries", TEMPLATE})  # the chart has no panel for these: a table only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,7 +79,7 @@ def _cases(args: argparse.Namespace, parser: argparse.ArgumentParser) -> frozens
     if args.only == "pool":
         parser.error("--cases selects worker-level cases: not with --only pool")
     names = frozenset(n for item in args.cases for n in item.split(",") if n)
-    known = case_names(full=args.full)
+    known = (*case_names(full=args.full), TEMPLATE)
     unknown = sorted(names - set(known))
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}"
@@ -104,13 +107,18 @@ async def _run(
         if only in (None, "pool") and cases is None:
             log.info("pool level")
             results["pool"] = await run_pool_bench(plan.pool, workdir, failures)
-        if only in (None, "worker"):
+        if only in (None, "worker") and (cases is None or cases - {TEMPLATE}):
             log.info("worker level")
-            bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures, cases)
+            selected = None if cases is None else cases - {TEMPLATE}
+            bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures, selected)
             try:
                 results["worker"] = await bench.run()
             except BenchError as exc:
                 failures.append(Failure("worker", "setup", "-", "-", None, str(exc)))
+        if only in (None, "worker") and (cases is None or TEMPLATE in cases):
+            log.info("template case: the preload in every kernel, then once for forks of it")
+            template = TemplatePlan.make(quick=plan.quick)
+            results[TEMPLATE] = await run_template(template, workdir, results_dir / "logs", failures)
     finally:
         await asyncio.to_thread(shutil.rmtree, workdir, True)
     results["failures"] = [f.as_dict() for f in failures]
@@ -155,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = asyncio.run(_run(plan, reference, args.only, args.results_dir, cases))
     meta = _meta(args, plan, cases, time.monotonic() - started, load_before)
     results = {"meta": meta, **results}
-    results["targets"] = evaluate_targets(results)
+    results["targets"] = evaluate_targets(results) + template_targets(results.get(TEMPLATE))
     args.results_dir.mkdir(parents=True, exist_ok=True)
     stem = results_stem(cases)
     json_path, chart_path = (args.results_dir / f"{stem}{ext}" for ext in (".json", ".png"))
@@ -164,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if charted:
         with contextlib.suppress(ImportError):
             write_chart(results, chart_path)
+    if results.get(TEMPLATE):
+        print("\n".join(template_lines(results[TEMPLATE])) + "\n")
     print(render_table(results))
     print(f"\nresults: {json_path}" + (f", chart: {chart_path}" if charted else ""))
     if results["failures"]:
