@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel_pool import Pool, PoolConfig
+from kernel_pool import Pool
 
-from .test_pool import assert_cell_leaves_kernel_unclean, last, run_again_after_reset, started
+from .test_pool import assert_cell_leaves_kernel_unclean, last, run_again_after_reset
+from .test_reset_imports import pool_importing_from
 
 __all__ = ["last"]  # the fixture, imported for the tests below
 
@@ -22,8 +23,7 @@ async def pool(tmp_path: Path) -> AsyncIterator[Pool]:
     (tmp_path / "forking_library.py").write_text(
         "import os\nchildren = []\nos.register_at_fork(after_in_child=lambda: children.append(1))\n"
     )
-    preload = f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\ndel sys"
-    async with started(PoolConfig(size=1, preload=preload)) as p:
+    async with pool_importing_from(tmp_path) as p:
         yield p
 
 

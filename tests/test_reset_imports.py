@@ -10,6 +10,7 @@ for a caller's function, a thread nobody keeps.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -102,10 +103,18 @@ def library_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@contextlib.asynccontextmanager
+async def pool_importing_from(folder: Path) -> AsyncIterator[Pool]:
+    """A one-kernel pool whose kernels import from ``folder`` (the preload puts it on
+    ``sys.path``, part of the baseline)."""
+    preload = f"import sys\nsys.path.insert(0, {str(folder)!r})\ndel sys"
+    async with started(PoolConfig(size=1, preload=preload)) as p:
+        yield p
+
+
 @pytest.fixture
 async def pool(library_dir: Path) -> AsyncIterator[Pool]:
-    preload = f"import sys\nsys.path.insert(0, {str(library_dir)!r})\ndel sys"
-    async with started(PoolConfig(size=1, preload=preload)) as p:
+    async with pool_importing_from(library_dir) as p:
         yield p
 
 
