@@ -10,7 +10,6 @@ import math
 import os
 import pwd
 import re
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -234,6 +233,33 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "removed (default 60)",
     ),
     (
+        "--max-uploads",
+        f"{ENV_PREFIX}MAX_UPLOADS",
+        _positive_int,
+        "push-model request bodies received at once; more get 503 + Retry-After (default 16)",
+    ),
+    (
+        "--header-timeout",
+        f"{ENV_PREFIX}HEADER_TIMEOUT",
+        _positive_seconds,
+        "seconds a connection may take to send a request's headers, from its first byte "
+        "(from the connection, for its first request); then it is closed (default 10)",
+    ),
+    (
+        "--max-connections",
+        f"{ENV_PREFIX}MAX_CONNECTIONS",
+        _positive_int,
+        "connections open at once; one more closes the one idle longest, or is answered 503 "
+        "when every one has a request in flight (default 1024)",
+    ),
+    (
+        "--send-timeout",
+        f"{ENV_PREFIX}SEND_TIMEOUT",
+        _positive_seconds,
+        "seconds a client may read nothing of an answer being sent; then the connection is "
+        "closed and what the answer held is freed (default 60)",
+    ),
+    (
         "--job-ttl",
         f"{ENV_PREFIX}JOB_TTL",
         _seconds,
@@ -397,6 +423,8 @@ def _settings(
         "queue_wait_seconds": values.pop("queue_wait", 2.0),
         "job_ttl_seconds": values.pop("job_ttl", 600.0),
         "body_timeout_seconds": values.pop("body_timeout", 60.0),
+        "header_timeout_seconds": values.pop("header_timeout", 10.0),
+        "send_timeout_seconds": values.pop("send_timeout", 60.0),
         "run_root": values.pop("run_dir", None) or default_run_root(),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
         "output_dir_poll_seconds": _poll_seconds(environ),
@@ -426,69 +454,6 @@ def _settings(
     return settings
 
 
-def _stopping(sig: int, count: int, serving: bool) -> None:
-    """What a stop signal starts, said in the log (on the loop, not in the handler)."""
-    log = logging.getLogger("kernel_worker")
-    name = signal.Signals(sig).name
-    if not serving:
-        log.warning("%s: stopping the kernels that are starting", name)
-    elif count == 1:
-        log.warning("%s: draining (new executions get 503), then stopping", name)
-    else:
-        log.warning("%s again: cancelling what is still running", name)
-
-
-class _DrainingServer:
-    """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: new executions get
-    503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
-    listener closes, remaining jobs are cancelled, kernels shut down, and the process exits 0.
-
-    A second signal (either) stops the drain's wait at once: what is running is cancelled
-    and the worker goes on to shut down as above. A third SIGINT is uvicorn's force quit.
-    """
-
-    def __new__(cls, config: Any, state: Any, drain_seconds: float) -> Any:
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            signals = 0
-            cut: asyncio.Event | None = None
-            loop: asyncio.AbstractEventLoop | None = None
-
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                # a graceful stop exits 0 (uvicorn would re-raise the signal afterwards)
-                self.signals += 1
-                running = asyncio._get_running_loop()  # (this runs in a signal handler)
-                if running is not None:
-                    running.call_soon_threadsafe(_stopping, sig, self.signals, self.started)
-                    running.call_soon_threadsafe(state.stop_requested.set)
-                if self.signals >= 2 and self.cut is not None and self.loop is not None:
-                    self.loop.call_soon_threadsafe(self.cut.set)  # from a signal handler
-                if self.signals >= 3 and sig == signal.SIGINT:
-                    self.force_exit = True
-                self.should_exit = True
-
-            async def shutdown(self, sockets: Any = None) -> None:
-                self.loop, self.cut = asyncio.get_running_loop(), asyncio.Event()
-                if self.signals >= 2:  # came before the event existed
-                    self.cut.set()
-                drained = await state.drain(drain_seconds, self.cut)
-                if not drained:
-                    logging.getLogger("kernel_worker").warning(
-                        "drain %s; cancelling what is still running",
-                        "cut short by a second signal"
-                        if self.cut.is_set()
-                        else f"timed out after {drain_seconds}s",
-                    )
-                    # their requests answer 409 at once, so uvicorn's wait for open
-                    # connections below ends too
-                    state.cancel_all()
-                await super().shutdown(sockets)
-
-        return Server(config)
-
-
-
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
 
@@ -510,9 +475,6 @@ def keep_transfer_buffers() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20)) and bool(mallopt(_M_TRIM_THRESHOLD, 32 << 20))
 
 
-#: after the drain, how long answers still being sent may take before they are cut off
-CLOSE_SECONDS = 5
-
 #: the exit status when the kernels, the preload or the metrics port fail at start (uvicorn's)
 STARTUP_FAILURE_STATUS = 3
 
@@ -526,9 +488,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         from .client_cli import main as run_cell
 
         raise SystemExit(run_cell(args[1:]))
-    import uvicorn
-
     from .app import create_app
+    from .server import bind, serve
 
     settings = settings_from(argv, os.environ)
     keep_transfer_buffers()
@@ -570,28 +531,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 )
             )
         )
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        log_level=settings.log_level,
-        log_config=None,  # keep our handler (request ids, JSON lines)
-        access_log=False,  # our middleware logs each request with its id
-        # after the drain: answers still being sent (a client that stopped reading, or
-        # sending) are cut off after this long, so a stop never waits on a client
-        timeout_graceful_shutdown=CLOSE_SECONDS,
-    )
     # bound before the pool starts: a port in use fails at once, not after every kernel
     # (and a preload that may take minutes) has started
-    sock = config.bind_socket()
+    config, sock = bind(app, settings)
+    serve(config, sock, app, settings.drain_seconds)
     state = app.state.worker
-    server = _DrainingServer(config, state, settings.drain_seconds)
-
-    def end_server() -> None:
-        server.should_exit = True
-
-    state.end_server = end_server
-    server.run(sockets=[sock])
     if state.startup_failure is not None:
         log.error("%s", state.startup_failure)
         raise SystemExit(STARTUP_FAILURE_STATUS)

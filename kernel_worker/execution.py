@@ -106,8 +106,12 @@ class RunDir:
                 os.makedirs(base, exist_ok=True)
                 os.mkdir(root, 0o700)
                 break
-        for sub in _RUN_SUBDIRS:
-            os.mkdir(os.path.join(root, sub))
+        try:
+            for sub in _RUN_SUBDIRS:
+                os.mkdir(os.path.join(root, sub))
+        except BaseException:  # (a full filesystem, a path too long): leave nothing behind
+            shutil.rmtree(root, ignore_errors=True)
+            raise
         return cls(Path(root))
 
 

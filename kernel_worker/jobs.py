@@ -17,9 +17,10 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
+from .cancellation import cancel_and_wait
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
 from .state import Execution
@@ -56,6 +57,8 @@ class Job:
     task: asyncio.Task[None] | None = None
     handed_off: bool = False
     """Answered ``202``: its result waits for a poll, its submitter is gone."""
+    abandoned: bool = False
+    """Its submitter stopped before answering: removed as soon as it ends (no poll comes)."""
     polled_at: float | None = None
     """When a client last polled it (monotonic), if ever."""
     _expiry: asyncio.TimerHandle | None = None
@@ -139,8 +142,9 @@ class JobQueue:
             job.state = JobState.FINISHED
         except WorkerError as exc:
             job.error, job.state = exc, JobState.FAILED
-        except asyncio.CancelledError:
+        except asyncio.CancelledError:  # recorded for a poller, and raised: ends the task
             job.error, job.state = Cancelled("execution was cancelled"), JobState.FAILED
+            raise
         except Exception:
             log.exception("job %s failed unexpectedly", job.job_id)
             job.error, job.state = WorkerError("internal error"), JobState.FAILED
@@ -150,7 +154,9 @@ class JobQueue:
             job._expiry = asyncio.get_running_loop().call_later(
                 self._ttl_seconds, self.release, job
             )  # uncollected results expire
-            if job.handed_off:
+            if job.abandoned:
+                self.release(job)
+            elif job.handed_off:
                 self._remove_unneeded_run_dir(job)
 
     def hand_off(self, job: Job) -> None:
@@ -163,6 +169,30 @@ class JobQueue:
         job.handed_off = True
         if job.done.is_set():
             self._remove_unneeded_run_dir(job)
+
+    @contextlib.contextmanager
+    def awaited(self, job: Job) -> Iterator[None]:
+        """The submitter of ``job`` waits for it (then answers inline, or hands it off).
+
+        Should the submitter stop first (its task cancelled, an error), nobody will collect
+        the result: the job is cancelled and, as soon as it has ended, forgotten and its run
+        directory removed, instead of both waiting for the TTL.
+        """
+        try:
+            yield
+        except BaseException:
+            self.abandon(job)
+            raise
+
+    def abandon(self, job: Job) -> None:
+        """Nobody will collect ``job``: cancel it and remove it once it has ended (a job
+        answered ``202``, or already being delivered, is left as it is)."""
+        if job.handed_off or job.job_id not in self._jobs:
+            return
+        job.abandoned = True
+        job.execution.cancel.set()
+        if job.done.is_set():
+            self.release(job)
 
     def _remove_unneeded_run_dir(self, job: Job) -> None:
         if not isinstance(job.result, BundleStream):  # else it is written from there
@@ -197,14 +227,11 @@ class JobQueue:
         jobs = list(self._jobs.values())
         for job in jobs:
             job.execution.cancel.set()
-        tasks = [job.task for job in jobs if job.task is not None]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        for job in jobs:
-            self.release(job)
+        try:
+            await cancel_and_wait(*[job.task for job in jobs if job.task is not None])
+        finally:
+            for job in jobs:
+                self.release(job)
 
 
 def _remove_run_dir(job: Job) -> None:

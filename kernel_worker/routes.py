@@ -195,6 +195,8 @@ async def health(request: Request) -> JSONResponse:
         "active_executions": state.active_executions,
         "queue_depth": state.jobs.queued,
         "max_concurrent": state.settings.max_concurrent or state.settings.pool_size,
+        "active_uploads": state.uploads,
+        "max_uploads": state.settings.max_uploads,
         "gpu_slots": len(slots) if slots else None,
         "free_gpu_slots": _free_slots(state) if slots else None,
         "hardware": dict(state.context.hardware),
@@ -275,27 +277,30 @@ async def notebook_execute(request: Request) -> Response:
 
 async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
     state = _state(request)
-    with storage_checked("a new run directory"):
-        run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
-    root = run_dir.root
-    try:
-        with storage_checked("this request's inputs"):
-            cell = await _unless_stalled(_receive(request, parse, run_dir, state), run_dir, state)
-        job = submit(state, cell, run_dir)
-    except BaseException:
-        await asyncio.to_thread(shutil.rmtree, root, True)
-        raise
+    with state.receiving_upload():  # held until the body is in (or refused and removed)
+        with storage_checked("a new run directory"):
+            run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
+        root = run_dir.root
+        try:
+            with storage_checked("this request's inputs"):
+                receiving = _receive(request, parse, run_dir, state)
+                cell = await _unless_stalled(receiving, run_dir, state)
+            job = submit(state, cell, run_dir)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, root, True)
+            raise
     return await answer(request, state, job)
 
 
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:
     """Wait briefly for a kernel: then answer inline, or 202 with the job's URL."""
-    async with watching_for_disconnect(request.receive, job.execution.cancel.set):
-        try:
-            await asyncio.wait_for(job.started.wait(), state.settings.queue_wait_seconds)
-        except TimeoutError:
-            return _accepted(state, job)
-        await job.done.wait()
+    with state.jobs.awaited(job):  # cancelled first: the job goes, with its run directory
+        async with watching_for_disconnect(request.receive, job.execution.cancel.set):
+            try:
+                await asyncio.wait_for(job.started.wait(), state.settings.queue_wait_seconds)
+            except TimeoutError:
+                return _accepted(state, job)
+            await job.done.wait()
     return _deliver(state, job)
 
 
@@ -509,9 +514,11 @@ async def execute_pool_alias(request: Request) -> Response:
     if interval is None:
         return await execute_manifest(request)
     job = await submit_manifest(state, _body(request))
-    async with watching_for_disconnect(request.receive, job.execution.cancel.set):
-        if await ended_within(job, interval):
-            return _deliver(state, job)
+    with state.jobs.awaited(job):
+        async with watching_for_disconnect(request.receive, job.execution.cancel.set):
+            ended = await ended_within(job, interval)
+    if ended:
+        return _deliver(state, job)
     timeout_status = state.settings.timeout_status
     return HeartbeatResponse(job, interval, lambda: _deliver(state, job), timeout_status)
 

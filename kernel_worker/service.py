@@ -7,7 +7,6 @@ then retired), and writing the bundle from the run directory.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import logging
@@ -22,8 +21,9 @@ from kernel_pool import PoolClosed
 
 from . import run_files
 from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
+from .cancellation import unless_cancelled
 from .envelopes import CellRequest
-from .errors import Cancelled, CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
+from .errors import CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
 from .file_reuse import ReusableFiles, new_file
 from .jobs import Job, JobResult
@@ -151,19 +151,8 @@ async def execute_to_bundle(
             state.metrics.bytes_out.inc(size)
         return bundle
 
-    work = asyncio.ensure_future(body())
-    cancelled = asyncio.ensure_future(execution.cancel.wait())
-    try:
-        await asyncio.wait({work, cancelled}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        cancelled.cancel()
-        if not work.done():
-            work.cancel()  # a lease cancelled mid-execution retires its kernel
-            with contextlib.suppress(asyncio.CancelledError):
-                await work
-    if work.cancelled():
-        raise Cancelled(CANCELLED_DETAIL)
-    return work.result()
+    # the cancel route or a client gone: the lease is cancelled, its kernel retired
+    return await unless_cancelled(body(), execution.cancel, CANCELLED_DETAIL)
 
 
 @contextlib.contextmanager

@@ -117,6 +117,16 @@ class Settings:
     (and a floor any process needs); see kernel_env."""
     body_timeout_seconds: float = 60.0
     """An upload that sends nothing for this long is answered 408 and its inputs removed."""
+    header_timeout_seconds: float = 10.0
+    """A connection whose request headers are not all in this long after its first byte is
+    closed (see connections)."""
+    send_timeout_seconds: float = 60.0
+    """A connection whose answer could not move for this long (its client stopped reading)
+    is closed."""
+    max_connections: int = 1024
+    """Connections open at once; one more closes the one idle longest (see connections)."""
+    max_uploads: int = 16
+    """Push-model request bodies received at once; more get 503."""
     connect: str | None = None
     """A relay's ws:// or wss:// URL to dial and serve through, instead of binding a port."""
     connect_token: str | None = field(default=None, repr=False)
@@ -146,6 +156,10 @@ class Settings:
             raise ValueError("heartbeat interval must be positive")
         if not self.body_timeout_seconds > 0:
             raise ValueError("body timeout must be positive")
+        if not (self.header_timeout_seconds > 0 and self.send_timeout_seconds > 0):
+            raise ValueError("header and send timeouts must be positive")
+        if self.max_connections < 1 or self.max_uploads < 1:
+            raise ValueError("max connections and max uploads must be at least 1")
         if self.connect is not None:
             _check_relay_url(self.connect)
         if self.connect and self.connect_token and not _header_safe(self.connect_token):

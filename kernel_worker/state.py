@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,8 @@ class WorkerState:
     mount_cache: MountCache
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
+    uploads: int = 0
+    """Push-model request bodies being received (at most ``max_uploads``)."""
     draining: bool = False
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # set by SIGTERM/SIGINT: a pool still starting (a long preload) stops starting
@@ -76,6 +79,23 @@ class WorkerState:
         execution = Execution(build_id)
         self.executions.append(execution)
         return execution
+
+    @contextlib.contextmanager
+    def receiving_upload(self) -> Iterator[None]:
+        """Hold one of the ``max_uploads`` slots while a request body is received.
+
+        Raises:
+            WorkerBusy: Every slot is taken (``503`` + ``Retry-After``): the bodies already
+                coming in hold their run directories, in memory by default.
+        """
+        limit = self.settings.max_uploads
+        if self.uploads >= limit:
+            raise WorkerBusy(f"Worker is receiving {self.uploads} of {limit} uploads")
+        self.uploads += 1
+        try:
+            yield
+        finally:
+            self.uploads -= 1
 
     def discharge(self, execution: Execution) -> None:
         self.executions.remove(execution)

@@ -204,3 +204,38 @@ def test_a_port_in_use_stops_the_worker_before_any_kernel_starts() -> None:
     assert proc.returncode != 0
     assert "address already in use" in stderr.lower()
     assert not seen, "kernels were started for a worker that could not listen"
+
+
+def test_connection_and_upload_limits_from_flags_and_environment() -> None:
+    s = settings_from([], {})
+    limits = (s.header_timeout_seconds, s.send_timeout_seconds, s.max_connections, s.max_uploads)
+    assert limits == (10.0, 60.0, 1024, 16)
+    env = {
+        "STRATA_KERNEL_WORKER_HEADER_TIMEOUT": "5",
+        "STRATA_KERNEL_WORKER_SEND_TIMEOUT": "30",
+        "STRATA_KERNEL_WORKER_MAX_CONNECTIONS": "200",
+        "STRATA_KERNEL_WORKER_MAX_UPLOADS": "4",
+    }
+    s = settings_from(["--max-uploads", "8"], env)
+    limits = (s.header_timeout_seconds, s.send_timeout_seconds, s.max_connections, s.max_uploads)
+    assert limits == (5.0, 30.0, 200, 8)  # the flag wins
+
+
+@pytest.mark.parametrize(
+    ("hard", "fits"),
+    [(4096, 1024), (600, 88)],  # room for all; else what the hard limit leaves (600 - 512)
+)
+def test_the_open_file_limit_is_raised_to_fit_the_connections(hard: int, fits: int) -> None:
+    import resource
+
+    if resource.getrlimit(resource.RLIMIT_NOFILE)[1] < hard:
+        pytest.skip(f"this machine's hard open-file limit is under {hard}")
+    code = (
+        "import resource\n"
+        "from kernel_worker.connections import fit_open_files\n"
+        f"resource.setrlimit(resource.RLIMIT_NOFILE, (256, {hard}))\n"
+        "print(fit_open_files(1024), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(fits), str(min(hard, 1024 + 512))]
