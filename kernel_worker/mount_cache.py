@@ -48,6 +48,7 @@ from hashlib import sha256
 from pathlib import Path
 
 from kernel_worker.errors import BadRequest, WorkerError
+from kernel_worker.mount_options import check_options
 from kernel_worker.mount_pins import PinnedListings
 
 __all__ = [
@@ -184,22 +185,27 @@ class MountCache:
     # --- credentials ---
 
     def storage_options(
-        self, scheme: str, credential: str | None, options: Mapping[str, object]
+        self, mount: str, scheme: str, credential: str | None, options: Mapping[str, object]
     ) -> dict[str, object]:
-        """fsspec options for a mount: scheme default, then its credential, then *options*.
+        """fsspec options for mount *mount*: the request's *options*, then the scheme
+        default's, then its named credential's: what the operator configured is never
+        overridden.
 
+        *options* may only hold what :mod:`kernel_worker.mount_options` allows (checked
+        again here: this merge is where a request's options meet the worker's identity).
         Blocking when a reference names a file: call it from a thread.
 
         Raises:
-            BadRequest: *credential* is not defined on this worker.
+            BadRequest: *credential* is not defined on this worker, or *options* sets
+                something a request may not.
             WorkerError: A reference in a credential does not resolve here.
         """
-        merged: dict[str, object] = {}
-        default = self._defaults.get(_SCHEME_ALIASES.get(scheme, scheme))
-        for name in (default, credential):
+        scheme = _SCHEME_ALIASES.get(scheme, scheme)
+        check_options(mount, scheme, options)
+        merged: dict[str, object] = dict(options)
+        for name in (self._defaults.get(scheme), credential):
             if name:
                 merged.update(self._resolve(name))
-        merged.update(options)
         return merged
 
     def _resolve(self, name: str) -> dict[str, object]:

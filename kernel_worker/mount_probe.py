@@ -59,7 +59,7 @@ def _cached(spec: MountSpec, entries: list[_ProbeEntry], cache: MountCache) -> i
         return None
     try:
         location = locate(spec)
-        options = cache.storage_options(location.scheme, spec.credential, spec.options)
+        options = cache.storage_options(spec.name, location.scheme, spec.credential, spec.options)
     except WorkerError:
         return None
     scope = cache.scope(options)

@@ -1,10 +1,11 @@
 """Mount specs: a request's ``mounts`` list checked and parsed, before admission.
 
 A spec names an identifier, a remote URI (``s3://``, ``gs://``/``gcs://``, ``az://``/
-``azure://``; never ``file://``), a mode (``ro``/``rw``), fsspec options and a credential
-name. :func:`parse_mounts` refuses a bad one with a :class:`BadRequest` naming the mount,
-including one whose fsspec backend is not installed on this worker. Details echo at most
-200 characters of what the caller sent and never a secret.
+``azure://``; never ``file://``), a mode (``ro``/``rw``), fsspec options (only those
+:mod:`kernel_worker.mount_options` allows: never an endpoint or a credential) and a
+credential name. :func:`parse_mounts` refuses a bad one with a :class:`BadRequest` naming
+the mount, including one whose fsspec backend is not installed on this worker. Details
+echo at most 200 characters of what the caller sent and never a secret.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Literal
 from urllib.parse import urlparse
 
 from kernel_worker.errors import BadRequest
+from kernel_worker.mount_options import check_options
 
 __all__ = [
     "Location",
@@ -79,6 +81,7 @@ def parse_mounts(raw: Sequence[Mapping[str, object]]) -> tuple[MountSpec, ...]:
             raise BadRequest(f"Mount name '{spec.name}' is used more than once")
         seen.add(spec.name)
     for spec, location in zip(specs, locations, strict=True):
+        check_options(spec.name, location.scheme, spec.options)
         _require_backend(spec, location)
     return specs
 

@@ -139,7 +139,7 @@ def _materialize(
     prepared = []
     for spec in specs:
         location = locate(spec)
-        options = cache.storage_options(location.scheme, spec.credential, spec.options)
+        options = cache.storage_options(spec.name, location.scheme, spec.credential, spec.options)
         prepared.append((spec, location, options, _filesystem(spec, location, options)))
     paths: dict[str, str] = {}
     moved: dict[str, int] = {}

@@ -3,15 +3,21 @@
 It runs as a subprocess (``python -m moto.server``), so its state and its botocore
 patches stay out of the test process. Readiness is read from the server's own log line,
 not polled for; a thread keeps draining its log so a chatty server never blocks on a full
-pipe. :meth:`S3Server.stop` ends exactly the process it started, by its PID.
+pipe, and records each request line of its access log (:meth:`S3Server.requests_so_far`:
+what reached it). :meth:`S3Server.stop` ends exactly the process it started, by its PID.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import re
 import socket
 import subprocess
 import sys
 import threading
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Mapping
 from typing import IO, Any
@@ -23,6 +29,10 @@ from .conftest import stop_process
 ACCESS_KEY = "testing"
 SECRET_KEY = "testing"
 REGION = "us-east-1"
+
+
+# the access log's request line (coloured by status: an escape sequence may come first)
+_REQUEST_LINE = re.compile(r'"(?:\x1b\[[\d;]*m)*([A-Z]+ \S+ HTTP/[\d.]+)')
 
 
 def _free_port() -> int:
@@ -42,6 +52,8 @@ class S3Server:
         self._proc: subprocess.Popen[str] | None = None
         self._drain: threading.Thread | None = None
         self.log_tail: list[str] = []
+        self._requests: list[str] = []  # every request line it logged ("GET /b HTTP/1.1")
+        self._logged = threading.Condition()
 
     def start(self) -> None:
         cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
@@ -58,6 +70,10 @@ class S3Server:
     def _read_log(self, stream: IO[str]) -> None:
         for line in stream:  # ends at EOF, when the server exits
             self.log_tail = [*self.log_tail[-20:], line]
+            if request := _REQUEST_LINE.search(line):
+                with self._logged:
+                    self._requests.append(request.group(1))
+                    self._logged.notify_all()
             if "Running on" in line:
                 self._ready.set()
         self._ready.set()  # wake start() if the server died before it was ready
@@ -92,11 +108,36 @@ class S3Server:
         )
 
     def storage_options(self) -> dict[str, object]:
-        """fsspec/s3fs options that reach this server, as a mount's ``options``."""
+        """fsspec/s3fs options that reach this server: what an operator puts in a credential
+        (``STRATA_NOTEBOOK_CREDENTIALS``); a request's mount ``options`` may not name them."""
         return {
             "client_kwargs": {"endpoint_url": self.endpoint_url, "region_name": REGION},
             "key": ACCESS_KEY,
             "secret": SECRET_KEY,
+        }
+
+    def requests_so_far(self, timeout_seconds: float = 30.0) -> list[str]:
+        """Every request this server has received until now, as access-log request lines.
+
+        The log is written after each answer and read by another thread, so a marker
+        request is sent and waited for: everything logged before it is complete.
+        """
+        marker = f"/skw-marker-{uuid.uuid4().hex}"
+        with contextlib.suppress(urllib.error.HTTPError):  # moto: no such bucket
+            urllib.request.urlopen(f"{self.endpoint_url}{marker}", timeout=timeout_seconds)
+        with self._logged:
+            seen = self._logged.wait_for(
+                lambda: any(f" {marker} " in line for line in self._requests), timeout_seconds
+            )
+            assert seen, "the marker request never reached the server's log"
+            return [line for line in self._requests if "/skw-marker-" not in line]
+
+    def credential_environ(self, name: str = "moto") -> dict[str, str]:
+        """A worker environment whose ``s3://`` mounts reach this server by default, as an
+        operator configures it: a named credential, the scheme default naming it."""
+        return {
+            "STRATA_NOTEBOOK_CREDENTIALS": json.dumps({name: self.storage_options()}),
+            "STRATA_NOTEBOOK_MOUNT_CREDENTIALS": json.dumps({"s3": name}),
         }
 
     def make_bucket(self, objects: Mapping[str, bytes] | None = None) -> str:

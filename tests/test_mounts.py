@@ -46,26 +46,22 @@ def bucket(s3: S3Server) -> str:
     return s3.make_bucket(OBJECTS)
 
 
-def make_cache(root: Path, **kwargs: object) -> MountCache:
+def make_cache(root: Path, s3: S3Server | None = None, **kwargs: object) -> MountCache:
+    """A cache whose ``s3://`` mounts reach *s3* by default, as an operator configures it."""
     options: dict[str, object] = {"max_bytes": 1 << 30, "credentials": {}, "scheme_defaults": {}}
+    if s3 is not None:
+        options.update(credentials={"moto": s3.storage_options()}, scheme_defaults={"s3": "moto"})
     options.update(kwargs)
     return MountCache(root, **options)  # type: ignore[arg-type]
 
 
 @pytest.fixture
-def cache(tmp_path: Path) -> MountCache:
-    return make_cache(tmp_path / "cache")
+def cache(s3: S3Server, tmp_path: Path) -> MountCache:
+    return make_cache(tmp_path / "cache", s3)
 
 
-def mount(
-    s3: S3Server, uri: str, *, name: str = "data", mode: str = "ro", **extra: object
-) -> MountSpec:
-    raw: dict[str, object] = {
-        "name": name,
-        "uri": uri,
-        "mode": mode,
-        "options": s3.storage_options(),
-    }
+def mount(uri: str, *, name: str = "data", mode: str = "ro", **extra: object) -> MountSpec:
+    raw: dict[str, object] = {"name": name, "uri": uri, "mode": mode}
     raw.update(extra)
     (spec,) = parse_mounts([raw])
     return spec
@@ -141,6 +137,72 @@ def test_parse_refuses_bad_specs(mounts: list[Mapping[str, object]], detail: str
     assert caught.value.detail == detail
 
 
+# what moves where the worker's identity goes: an endpoint, a proxy, a credential, a profile
+REFUSED_OPTIONS: list[tuple[str, dict[str, object]]] = [
+    ("s3", {"endpoint_url": "http://attacker.example"}),
+    ("s3", {"client_kwargs": {"endpoint_url": "http://attacker.example"}}),
+    ("s3", {"client_kwargs": {"region_name": "eu-west-1"}}),  # nested: replaces the operator's
+    ("s3", {"config_kwargs": {"proxies": {"https": "http://attacker.example:3128"}}}),
+    ("s3", {"key": "AKIA-worker-key-id"}),
+    ("s3", {"secret": "s3cr3t-value"}),
+    ("s3", {"token": "session-token-value"}),
+    ("s3", {"profile": "prod"}),
+    ("s3", {"username": "someone", "password": "pa55word-value"}),
+    ("s3", {"use_ssl": False}),
+    ("s3", {"s3_additional_kwargs": {"SSEKMSKeyId": "arn:aws:kms:attacker"}}),
+    ("s3", {"session": "a-session-object"}),
+    ("s3", {"skip_instance_cache": False}),
+    ("gs", {"endpoint_url": "http://attacker.example"}),
+    ("gcs", {"session_kwargs": {"proxy": "http://attacker.example"}}),
+    ("gs", {"project": "someone-else"}),
+    ("gs", {"access": "full_control"}),
+    ("az", {"account_name": "attacker"}),
+    ("azure", {"account_host": "attacker.example"}),
+    ("az", {"sas_token": "sv=2024&sig=abcdef"}),
+    ("az", {"connection_string": "BlobEndpoint=http://attacker.example"}),
+    ("az", {"credential": "a-token-credential"}),
+    ("az", {"client_id": "client-id-value", "client_secret": "client-s3cr3t"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("scheme", "options"), REFUSED_OPTIONS)
+def test_parse_refuses_options_that_move_the_workers_identity(
+    scheme: str, options: dict[str, object]
+) -> None:
+    raw = {"name": "m", "uri": f"{scheme}://bucket/x", "options": options}
+    with pytest.raises(BadRequest) as caught:
+        parse_mounts([raw])
+    first = next(iter(options))
+    assert caught.value.detail.startswith(f"Mount 'm' option '{first}' may not be set by a request")
+    assert "STRATA_NOTEBOOK_CREDENTIALS" in caught.value.detail
+    assert not [v for v in options.values() if str(v) in caught.value.detail]  # may be secret
+
+
+@pytest.mark.parametrize(
+    ("scheme", "options", "detail"),
+    [
+        ("s3", {"anon": "yes"}, "Mount 'm' option 'anon' must be true or false"),
+        ("s3", {"requester_pays": 1}, "Mount 'm' option 'requester_pays' must be true or false"),
+        ("gs", {"token": "google_default"}, "Mount 'm' option 'token' must be 'anon'"),
+        ("gs", {"token": {"type": "service_account"}}, "Mount 'm' option 'token' must be 'anon'"),
+        ("gs", {"consistency": "sha1"},
+         "Mount 'm' option 'consistency' must be 'none' or 'size' or 'md5' or 'crc32c'"),
+    ],
+)  # fmt: skip
+def test_parse_refuses_an_allowed_option_with_another_value(
+    scheme: str, options: dict[str, object], detail: str
+) -> None:
+    with pytest.raises(BadRequest) as caught:
+        parse_mounts([{"name": "m", "uri": f"{scheme}://bucket/x", "options": options}])
+    assert caught.value.detail == detail
+
+
+def test_parse_takes_the_options_a_notebook_needs() -> None:
+    options = {"anon": True, "requester_pays": False, "version_aware": True}
+    (spec,) = parse_mounts([{"name": "m", "uri": "s3://bucket/x", "options": options}])
+    assert spec.options == options
+
+
 def test_parse_names_an_unsupported_scheme() -> None:
     with pytest.raises(BadRequest) as caught:
         parse_mounts([{"name": "m", "uri": "ftp://host/x"}])
@@ -170,7 +232,7 @@ def test_parse_names_the_backend_package_to_install() -> None:
 async def test_ro_mount_is_a_view_downloaded_once(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    spec = mount(s3, f"s3://{bucket}/data")
+    spec = mount(f"s3://{bucket}/data")
     first = await materialize([spec], tmp_path / "run1", cache)
     assert first.paths == {"data": str(tmp_path / "run1" / "mounts" / "data")}
     assert read_tree(Path(first.paths["data"])) == expected_view()
@@ -186,14 +248,14 @@ async def test_ro_mount_is_a_view_downloaded_once(
 async def test_ro_mount_of_one_object(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    result = await materialize([mount(s3, f"s3://{bucket}/data/a.csv")], tmp_path / "run", cache)
+    result = await materialize([mount(f"s3://{bucket}/data/a.csv")], tmp_path / "run", cache)
     assert read_tree(Path(result.paths["data"])) == {"a.csv": OBJECTS["data/a.csv"]}
 
 
 async def test_ro_view_files_cannot_be_written(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    result = await materialize([mount(s3, f"s3://{bucket}/data")], tmp_path / "run", cache)
+    result = await materialize([mount(f"s3://{bucket}/data")], tmp_path / "run", cache)
     view_file = Path(result.paths["data"]) / "a.csv"
     assert stat.S_IMODE(view_file.stat().st_mode) & 0o222 == 0  # for anyone
     if os.geteuid() != 0:  # root ignores mode bits; writes are caught as tampering instead
@@ -209,7 +271,7 @@ async def test_a_view_on_another_filesystem_gets_read_only_copies(
         pytest.skip("no second filesystem to put the run directory on")
     run_root = scratch_dir(Path("/dev/shm"))
     try:
-        spec = mount(s3, f"s3://{bucket}/data")
+        spec = mount(f"s3://{bucket}/data")
         first = await materialize([spec], run_root / "run1", cache)
         second = await materialize([spec], run_root / "run2", cache)
         assert (first.mount_bytes, second.mount_bytes) == ({"data": DATA_BYTES}, {"data": 0})
@@ -223,7 +285,7 @@ async def test_a_view_on_another_filesystem_gets_read_only_copies(
 async def test_a_view_file_written_anyway_is_fetched_again(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    spec = mount(s3, f"s3://{bucket}/data")
+    spec = mount(f"s3://{bucket}/data")
     first = await materialize([spec], tmp_path / "run1", cache)
     victim = Path(first.paths["data"]) / "sub" / "b.txt"
     victim.chmod(0o644)  # what a cell owning the file (or root) can do
@@ -236,7 +298,7 @@ async def test_a_view_file_written_anyway_is_fetched_again(
 async def test_an_object_changed_on_the_server_is_downloaded_again(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    spec = mount(s3, f"s3://{bucket}/data")
+    spec = mount(f"s3://{bucket}/data")
     await materialize([spec], tmp_path / "run1", cache)
     s3.put(bucket, "data/a.csv", b"x,y\n3,4\n5,6\n")
     second = await materialize([spec], tmp_path / "run2", cache)
@@ -251,7 +313,7 @@ async def test_a_path_traversal_name_rejects_the_mount(
     bucket = s3.make_bucket({"data/ok.txt": b"fine", key: b"evil"})
     run_root = tmp_path / "deep" / "run"
     with pytest.raises(UpstreamFailed) as caught:
-        await materialize([mount(s3, f"s3://{bucket}/data")], run_root, cache)
+        await materialize([mount(f"s3://{bucket}/data")], run_root, cache)
     assert "path traversal" in caught.value.detail
     assert str(tmp_path) not in caught.value.detail
     assert not {"escaped", "rooted", "dot"} & file_names(tmp_path)
@@ -260,8 +322,8 @@ async def test_a_path_traversal_name_rejects_the_mount(
 async def test_eviction_keeps_the_cache_bounded_and_views_intact(
     s3: S3Server, bucket: str, tmp_path: Path
 ) -> None:
-    small = make_cache(tmp_path / "cache", max_bytes=len(OBJECTS["data/sub/deeper/c.bin"]))
-    spec = mount(s3, f"s3://{bucket}/data")
+    small = make_cache(tmp_path / "cache", s3, max_bytes=len(OBJECTS["data/sub/deeper/c.bin"]))
+    spec = mount(f"s3://{bucket}/data")
     first = await materialize([spec], tmp_path / "run1", small)
     blobs = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert sum(p.stat().st_size for p in blobs) <= small.max_bytes
@@ -270,17 +332,16 @@ async def test_eviction_keeps_the_cache_bounded_and_views_intact(
     assert 0 < second.mount_bytes["data"] <= DATA_BYTES
 
 
-async def test_an_unreachable_store_is_an_upstream_failure(
-    cache: MountCache, tmp_path: Path
-) -> None:
+async def test_an_unreachable_store_is_an_upstream_failure(tmp_path: Path) -> None:
     secret = "s3cr3t-that-must-not-leak"
-    options = {
+    unreachable = {
         "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{_free_port()}"},
         "key": "k",
         "secret": secret,
         "config_kwargs": {"retries": {"max_attempts": 1}},  # fail fast: no backoff
     }
-    (spec,) = parse_mounts([{"name": "data", "uri": "s3://bucket/data", "options": options}])
+    cache = make_cache(tmp_path / "cache", credentials={"gone": unreachable})
+    (spec,) = parse_mounts([{"name": "data", "uri": "s3://bucket/data", "credential": "gone"}])
     with pytest.raises(UpstreamFailed) as caught:
         await materialize([spec], tmp_path / "run", cache)
     detail = caught.value.detail
@@ -292,7 +353,7 @@ async def test_a_missing_bucket_is_an_upstream_failure(
     s3: S3Server, cache: MountCache, tmp_path: Path
 ) -> None:
     with pytest.raises(UpstreamFailed, match="does not exist"):
-        await materialize([mount(s3, "s3://no-such-bucket-here/data")], tmp_path / "run", cache)
+        await materialize([mount("s3://no-such-bucket-here/data")], tmp_path / "run", cache)
 
 
 # --- credentials ----------------------------------------------------------------------
@@ -322,26 +383,26 @@ async def test_a_named_credential_resolves_references_from_the_given_environ(
     assert read_tree(Path(result.paths["data"])) == expected_view()
 
 
-async def test_options_merge_scheme_default_then_credential_then_options(
+async def test_a_named_credential_is_laid_over_the_scheme_default(
     s3: S3Server, bucket: str, tmp_path: Path
 ) -> None:
     defaults = json.dumps({"s3": "broken"})
     cache = MountCache.from_environ(
         credential_environ(s3, tmp_path, STRATA_NOTEBOOK_MOUNT_CREDENTIALS=defaults)
     )
-    uri = f"s3://{bucket}/data"
-    over_default = [{"name": "data", "uri": uri, "credential": "lab"}]
+    over_default = [{"name": "data", "uri": f"s3://{bucket}/data", "credential": "lab"}]
     result = await materialize(parse_mounts(over_default), tmp_path / "run1", cache)
     assert read_tree(Path(result.paths["data"])) == expected_view()
-    over_credential = [
-        {
-            "name": "data",
-            "uri": uri,
-            "options": {"endpoint_url": s3.endpoint_url, "key": ACCESS_KEY, "secret": SECRET_KEY},
-        }
-    ]
-    result = await materialize(parse_mounts(over_credential), tmp_path / "run2", cache)
-    assert read_tree(Path(result.paths["data"])) == expected_view()
+
+
+def test_a_requests_options_fill_in_what_the_operator_left_unset_never_override_it() -> None:
+    operator = {"key": "k", "secret": "s", "endpoint_url": "http://store.internal", "anon": False}
+    cache = make_cache(Path("/nonexistent"), credentials={"op": operator},
+                       scheme_defaults={"s3": "op"})  # fmt: skip
+    merged = cache.storage_options("m", "s3", None, {"anon": True, "requester_pays": True})
+    assert merged == {**operator, "requester_pays": True}
+    with pytest.raises(BadRequest, match="option 'endpoint_url' may not be set by a request"):
+        cache.storage_options("m", "s3", None, {"endpoint_url": "http://attacker"})
 
 
 async def test_credential_problems(s3: S3Server, tmp_path: Path) -> None:
@@ -390,7 +451,7 @@ async def test_rw_mount_stages_and_syncs_back_what_the_cell_wrote(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
     uri = f"s3://{bucket}/data"
-    spec = mount(s3, uri, name="out", mode="rw")
+    spec = mount(uri, name="out", mode="rw")
     result = await materialize([spec], tmp_path / "run", cache)
     digest = hashlib.sha256(uri.encode()).hexdigest()[:12]
     staging = tmp_path / "run" / "mount_cache" / f"out_{digest}" / "staging"
@@ -425,7 +486,7 @@ async def test_rw_mount_folder_the_cell_swapped_for_a_link_syncs_nothing_from_th
 ) -> None:
     """The cell can write where its copy lives: a link it puts in place of the copy (to a
     folder only the worker may read) is not followed, so nothing from there is uploaded."""
-    spec = mount(s3, f"s3://{bucket}/data", name="out", mode="rw")
+    spec = mount(f"s3://{bucket}/data", name="out", mode="rw")
     result = await materialize([spec], tmp_path / "run", cache)
     _swap_for_link(Path(result.paths["out"]), tmp_path)
     assert await sync_back([spec], result) == []
@@ -444,7 +505,7 @@ def _swap_for_link(folder: Path, scratch: Path) -> None:
 async def test_rw_writes_stay_local_without_sync_back(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    spec = mount(s3, f"s3://{bucket}/data", name="out", mode="rw")
+    spec = mount(f"s3://{bucket}/data", name="out", mode="rw")
     result = await materialize([spec], tmp_path / "run", cache)
     write(Path(result.paths["out"], "a.csv"), b"changed")
     write(Path(result.paths["out"], "fresh.txt"), b"new")
@@ -455,7 +516,7 @@ async def test_rw_writes_stay_local_without_sync_back(
 async def test_rw_mount_of_a_new_prefix_and_nothing_written(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
-    spec = mount(s3, f"s3://{bucket}/results", name="out", mode="rw")
+    spec = mount(f"s3://{bucket}/results", name="out", mode="rw")
     result = await materialize([spec], tmp_path / "run", cache)
     assert read_tree(Path(result.paths["out"])) == {}
     assert await sync_back([spec], result) == []
@@ -466,9 +527,7 @@ async def test_rw_mount_must_name_a_folder(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
     with pytest.raises(BadRequest, match="must name a folder"):
-        await materialize(
-            [mount(s3, f"s3://{bucket}/data/a.csv", mode="rw")], tmp_path / "run", cache
-        )
+        await materialize([mount(f"s3://{bucket}/data/a.csv", mode="rw")], tmp_path / "run", cache)
 
 
 # --- the cache probe ------------------------------------------------------------------
@@ -494,15 +553,15 @@ async def test_cached_bytes_reports_what_this_machine_holds(
     s3: S3Server, bucket: str, cache: MountCache, tmp_path: Path
 ) -> None:
     uri = f"s3://{bucket}/data"
-    spec = mount(s3, uri)
-    raw_spec = {"name": "data", "uri": uri, "options": s3.storage_options()}
+    spec = mount(uri)
+    raw_spec = {"name": "data", "uri": uri}
     before = listing_entries(s3, uri)
     assert await cached_bytes({"mounts": [{"spec": spec, "entries": before}]}, cache) == [0]
 
     await materialize([spec], tmp_path / "run", cache)
     s3.put(bucket, "data/added.txt", b"not cached yet")
     after = listing_entries(s3, uri)
-    other_scope = {**raw_spec, "options": {**s3.storage_options(), "anon": False}}
+    other_scope = {**raw_spec, "options": {"requester_pays": False}}
     body = {
         "mounts": [
             {"spec": spec, "entries": before},  # fully cached
@@ -511,9 +570,10 @@ async def test_cached_bytes_reports_what_this_machine_holds(
             {"spec": {**raw_spec, "mode": "rw"}, "entries": before},
             {"spec": {"name": "local", "uri": "file:///data"}, "entries": before},
             {"spec": {**raw_spec, "credential": "unknown"}, "entries": before},
+            {"spec": {**raw_spec, "options": {"endpoint_url": "http://x"}}, "entries": before},
         ]
     }
-    assert await cached_bytes(body, cache) == [DATA_BYTES, DATA_BYTES, 0, None, None, None]
+    assert await cached_bytes(body, cache) == [DATA_BYTES, DATA_BYTES, 0, None, None, None, None]
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ import httpx
 import pytest
 
 from .conftest import WorkerProcess, start_worker
-from .s3_server import S3Server
+from .s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server
 from .wire import Bundle, execute, read_bundle, run_ok
 
 
@@ -32,14 +33,26 @@ def mounted(
     cache = cache_dir
     w = start_worker(
         tmp_path_factory, "--pool-size", "1",
-        env={"STRATA_NOTEBOOK_MOUNT_CACHE_DIR": str(cache)},
+        env={"STRATA_NOTEBOOK_MOUNT_CACHE_DIR": str(cache), **_credentials(s3)},
     )  # fmt: skip
     yield w, s3
     w.stop()
 
 
+def _credentials(s3: S3Server) -> dict[str, str]:
+    """The worker's own way to *s3*, in both of s3fs's spellings: ``moto`` (the ``s3``
+    default) names the endpoint in ``client_kwargs``, ``moto-top`` at the top level (its
+    ``client_kwargs`` replace the default's whole, endpoint included)."""
+    environ = s3.credential_environ("moto")
+    named = json.loads(environ["STRATA_NOTEBOOK_CREDENTIALS"])
+    named["moto-top"] = {"endpoint_url": s3.endpoint_url, "key": ACCESS_KEY, "secret": SECRET_KEY,
+                         "client_kwargs": {"region_name": REGION}}  # fmt: skip
+    return {**environ, "STRATA_NOTEBOOK_CREDENTIALS": json.dumps(named)}
+
+
 def _mount(s3: S3Server, uri: str, mode: str = "ro", name: str = "data") -> dict[str, object]:
-    return {"name": name, "uri": uri, "mode": mode, "options": s3.storage_options()}
+    """A mount of *s3*: the worker reaches it by its own credential (the scheme default)."""
+    return {"name": name, "uri": uri, "mode": mode}
 
 
 def test_read_only_mount_is_a_path_and_cached_across_runs(
@@ -146,3 +159,58 @@ def test_mount_errors_are_clear(mounted: tuple[WorkerProcess, S3Server]) -> None
         written = execute(c, "(out / 'w.txt').write_text('hi')", mounts=[unread])
         assert written.status_code == 502
         assert "no-such-bucket-here" in written.json()["detail"]
+
+
+# a request's options that would send the worker's signed requests (or its network position)
+# to a host of the request's choosing, or pick another identity on the worker's machine
+ATTACKS = {
+    "endpoint_url": lambda url: {"endpoint_url": url},
+    "client_kwargs": lambda url: {"client_kwargs": {"endpoint_url": url}},
+    "config_kwargs": lambda url: {"config_kwargs": {"proxies": {"http": url, "https": url}}},
+    "key": lambda url: {"key": "attacker-key-id", "secret": "attacker-secret", "endpoint_url": url},
+    "token": lambda url: {"token": "attacker-session-token", "endpoint_url": url},
+    "profile": lambda url: {"profile": "default", "endpoint_url": url},
+}
+
+
+@pytest.fixture(scope="module")
+def attacker() -> Iterator[S3Server]:
+    """A second S3-compatible server: where a hostile request wants the worker to go."""
+    with S3Server() as server:
+        yield server
+
+
+@pytest.mark.parametrize("credential", [None, "moto-top"])
+@pytest.mark.parametrize("mode", ["ro", "rw"])
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_requests_options_never_send_the_workers_identity_elsewhere(
+    mounted: tuple[WorkerProcess, S3Server],
+    attacker: S3Server,
+    attack: str,
+    mode: str,
+    credential: str | None,
+) -> None:
+    """Before a request's options were allow-listed none of these was refused: most reached
+    *attacker* under one of the worker's credential spellings (its bucket listed, or staged,
+    with the worker's signature; or the store reached through it as a proxy), and the rest
+    failed later, in the store's client, as a 502."""
+    worker, s3 = mounted
+    bucket = attacker.make_bucket({"d/planted.txt": b"the attacker's"})  # a store that answers
+    s3.make_bucket()  # the worker's own store is in use too
+    already = attacker.requests_so_far()
+    options = ATTACKS[attack](attacker.endpoint_url)
+    mount = {"name": "data", "uri": f"s3://{bucket}/d", "mode": mode, "options": options,
+             "credential": credential}  # fmt: skip
+    meta = {"protocol_version": "notebook-cell-v1", "source": "x = 1", "inputs": {},
+            "mounts": [mount]}  # fmt: skip
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        responses = [
+            execute(c, "x = 1", mounts=[mount]),
+            execute(c, "", route="/v1/notebook-execute", metadata=meta),
+        ]
+    assert attacker.requests_so_far() == already  # nothing of the worker's reached it
+    for response in responses:
+        assert response.status_code == 400, response.text
+        detail = response.json()["detail"]
+        assert detail.startswith(f"Mount 'data' option '{attack}' may not be set by a request")
+        assert attacker.endpoint_url not in detail
