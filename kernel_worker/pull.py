@@ -8,7 +8,9 @@ other. A timeout (408) uploads and finalizes nothing.
 
 Validation follows the reference's order and wording. Every URL passes
 :class:`~kernel_worker.url_safety.UrlGuard` while the manifest is read, and every
-connection made for the request is pinned to the addresses that check passed.
+connection made for the request is pinned to the addresses that check passed;
+``output.headers`` pass :mod:`~kernel_worker.manifest_headers` (nothing that frames or
+routes a request).
 ``params`` is the flat (notebook-execute) envelope with ``input_specs`` for ``inputs``,
 so it is parsed by :func:`~kernel_worker.envelopes.parse_notebook_execute`: one set of
 rules for source, timeout, env, mounts, formats and file names, whichever route.
@@ -31,6 +33,7 @@ from .envelopes import CellRequest, parse_notebook_execute
 from .errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy, storage_checked
 from .execution import RunDir
 from .jobs import Job, JobResult
+from .manifest_headers import upload_headers
 from .output_stream import OutputDirStreamer, streaming, without_streamed
 from .service import CANCELLED_DETAIL, execute_to_bundle_file, submit_work
 from .transfers import UploadTarget, console_relay, deliver_bundle, download
@@ -253,7 +256,7 @@ def _output(output: object) -> UploadTarget:
         url=_text(output.get("url")),
         method=_text(output.get("method")),
         fields={str(k): str(v) for k, v in fields.items()} if isinstance(fields, dict) else None,
-        headers={str(k): str(v) for k, v in headers.items()},
+        headers=upload_headers(headers),
     )
 
 

@@ -52,7 +52,10 @@ REDIRECT_REFUSED = "redirects are not followed"
 
 @dataclass(frozen=True, slots=True)
 class UploadTarget:
-    """Where the bundle goes: ``fields`` → presigned multipart POST, else PUT or raw POST."""
+    """Where the bundle goes: ``fields`` → presigned multipart POST, else PUT or raw POST.
+
+    ``headers`` (sent with a PUT) are checked by :mod:`~kernel_worker.manifest_headers`:
+    none frames or routes the request, which ``_send`` frames itself."""
 
     url: str
     method: str
