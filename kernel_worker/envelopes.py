@@ -5,9 +5,13 @@ of input descriptors); ``POST /v1/notebook-execute`` the older flat one (an ``in
 object keyed by variable). Both become the same frozen :class:`CellRequest`, so nothing
 after this module knows which route a cell came through.
 
-Every malformed value is a :class:`~kernel_worker.errors.BadRequest` whose ``detail``
-says what is wrong; where the reference worker has a wording for a failure, it is used
-verbatim (spec §3.2, §3.3). Validation is hand-written rather than a pydantic model
+One rule for every field (README, "What a request may carry"): a field left out or sent
+as ``null`` gets its default (:func:`_field`); a field the worker reads must hold its JSON
+type, or one of the two conversions the reference makes (a numeric string for
+``timeout_seconds``, a number or boolean as an ``env`` value); a field it does not read is
+ignored, as by the reference. Every other value is a :class:`~kernel_worker.errors.BadRequest`
+whose ``detail`` names the field; where the reference worker has a wording for a failure, it
+is used verbatim (spec §3.2, §3.3). Validation is hand-written rather than a pydantic model
 because most details are fixed strings that must come out in the reference's order.
 
 File names: an input is staged as its descriptor's ``file`` (or ``<name><ext>``, §5.1),
@@ -123,14 +127,14 @@ def parse_execute_v1(raw: bytes) -> CellRequest:
     """
     metadata = _load_metadata(raw)
     _check_version(
-        metadata.get("protocol_version", EXECUTOR_PROTOCOL_VERSION), EXECUTOR_PROTOCOL_VERSION
+        _field(metadata, "protocol_version", EXECUTOR_PROTOCOL_VERSION), EXECUTOR_PROTOCOL_VERSION
     )
-    transform = _object(metadata.get("transform", {}), "transform")
-    ref = transform.get("ref", "")
+    transform = _object(_field(metadata, "transform", {}), "transform")
+    ref = _field(transform, "ref", "")
     if ref != TRANSFORM_REF:
         raise BadRequest(f"Unsupported transform: {_echo(ref)}. Expected: {TRANSFORM_REF}")
-    params = _object(transform.get("params", {}), "transform.params")
-    descriptors = metadata.get("inputs", [])
+    params = _object(_field(transform, "params", {}), "transform.params")
+    descriptors = _field(metadata, "inputs", [])
     if not isinstance(descriptors, list):
         raise BadRequest("inputs must be a list")
     inputs = _unique(_v1_input(i, d) for i, d in enumerate(descriptors))
@@ -145,7 +149,7 @@ def parse_notebook_execute(raw: bytes) -> CellRequest:
     """
     metadata = _load_metadata(raw)
     _check_version(metadata.get("protocol_version"), NOTEBOOK_PROTOCOL_VERSION)
-    specs = metadata.get("inputs", {})
+    specs = _field(metadata, "inputs", {})
     if not isinstance(specs, dict):
         raise BadRequest("inputs must be an object")
     inputs = _unique(_flat_input(i, var, spec) for i, (var, spec) in enumerate(specs.items()))
@@ -165,6 +169,13 @@ def _load_metadata(raw: bytes) -> dict[str, object]:
     return metadata
 
 
+def _field(fields: Mapping[str, object], key: str, default: object) -> object:
+    """``fields[key]``, or ``default`` when it is left out or ``null``: a JSON writer that
+    sends ``null`` for a value it does not have means the same as one that leaves it out."""
+    value = fields.get(key)
+    return default if value is None else value
+
+
 def _check_version(version: object, expected: str) -> None:
     if version != expected:
         raise BadRequest(f"Unsupported protocol version: {_echo(version)}. Expected: {expected}")
@@ -177,7 +188,7 @@ def _cell_request(
     if params.get("environment") is not None:
         raise BadRequest("Locked environments are not supported by this worker")
     return CellRequest(
-        source=_source(params.get("source", "")),
+        source=_source(_field(params, "source", "")),
         timeout_seconds=_timeout(params.get("timeout_seconds")),
         inputs=inputs,
         env=_env(params.get("env")),
@@ -198,7 +209,9 @@ def _source(value: object) -> str:
 
 
 def _timeout(value: object) -> float:
-    """``timeout_seconds``: a number (or numeric string, as the reference accepts)."""
+    """``timeout_seconds``: a number of seconds above 0 (or a numeric string, which the
+    reference reads with ``float()``). 0 or less is a limit no cell can meet: the reference
+    answers it 408 without running the cell, here it is refused up front."""
     if value is None:
         return DEFAULT_TIMEOUT_SECONDS
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -209,12 +222,15 @@ def _timeout(value: object) -> float:
         raise BadRequest(f"timeout_seconds must be a number, not {_echo(value)!r}") from None
     if not math.isfinite(seconds):
         raise BadRequest(f"timeout_seconds must be finite, not {seconds}")
-    if seconds < 0:
-        raise BadRequest(f"timeout_seconds must not be negative, not {seconds}")
+    if seconds <= 0:
+        raise BadRequest(f"timeout_seconds must be greater than 0, not {seconds:g}")
     return seconds
 
 
 def _env(value: object) -> Mapping[str, str]:
+    """``{name: text}``. A number or boolean is written as the reference's harness writes
+    every value (``str()``: ``4`` is ``"4"``, ``true`` is ``"True"``); ``null``, a list or
+    an object is refused, where the reference would set the text ``"None"`` or ``"[1]"``."""
     if value is None:
         return MappingProxyType({})
     if not isinstance(value, dict):
@@ -224,11 +240,14 @@ def _env(value: object) -> Mapping[str, str]:
         if not key or "=" in key or "\x00" in key or not _utf8(key):
             raise BadRequest(f"env name {_echo(key)!r} is not a valid variable name")
         if isinstance(raw, bool | int | float):
-            raw = str(raw)  # as the reference's harness does with every value
+            raw = str(raw)
         if not isinstance(raw, str):
-            raise BadRequest(f"env value of {key} must be a string, not {_json_type(raw)}")
+            raise BadRequest(
+                f"env value of {_echo(key)} must be a string, a number or a boolean, "
+                f"not {_json_type(raw)}"
+            )
         if "\x00" in raw or not _utf8(raw):
-            raise BadRequest(f"env value of {key} holds a NUL or a lone surrogate")
+            raise BadRequest(f"env value of {_echo(key)} holds a NUL or a lone surrogate")
         env[key] = raw
     return MappingProxyType(env)
 
@@ -242,6 +261,7 @@ def _mutation_defines(value: object) -> tuple[str, ...]:
 
 
 def _tables(value: object) -> Mapping[str, object]:
+    """``{name: {"uri": str, "snapshot_id": int | null}}`` (spec §6.1)."""
     if value is None:
         return MappingProxyType({})
     if not isinstance(value, dict):
@@ -250,13 +270,23 @@ def _tables(value: object) -> Mapping[str, object]:
         _check_identifier(name, f"Table name '{_echo(name)}'")
         if not isinstance(table, dict) or not isinstance(table.get("uri"), str):
             raise BadRequest(f"Table '{_echo(name)}' must be an object with a string uri")
+        snapshot = table.get("snapshot_id")
+        if snapshot is not None and (isinstance(snapshot, bool) or not isinstance(snapshot, int)):
+            raise BadRequest(
+                f"The snapshot_id of table '{_echo(name)}' must be an integer or null, "
+                f"not {_json_type(snapshot)}"
+            )
     return MappingProxyType(dict(value))
 
 
 def _language(value: object) -> str:
-    language = value or "python"
-    if language != "python":
-        raise BadRequest(f"unsupported cell language {_echo(language)!r}")
+    """``python`` (or empty, the reference's default); no other language runs here."""
+    if value is None or value == "":
+        return "python"
+    if not isinstance(value, str):
+        raise BadRequest(f"language must be a string, not {_json_type(value)}")
+    if value != "python":
+        raise BadRequest(f"unsupported cell language {_echo(value)!r}")
     return "python"
 
 
@@ -286,7 +316,7 @@ def _v1_input(index: int, descriptor: object) -> InputSpec:
     """One ``inputs[]`` descriptor: ``{name, format?, file?, injected?}``."""
     if not isinstance(descriptor, dict):
         raise BadRequest("input descriptor must be an object")
-    name = descriptor.get("name", "")
+    name = _field(descriptor, "name", "")
     if not isinstance(name, str):
         raise BadRequest(f"input descriptor name must be a string, not {_json_type(name)}")
     name = name.strip()
@@ -295,7 +325,7 @@ def _v1_input(index: int, descriptor: object) -> InputSpec:
     return _input(
         index,
         name,
-        descriptor.get("format", DEFAULT_FORMAT),
+        _field(descriptor, "format", DEFAULT_FORMAT),
         descriptor.get("file"),
         descriptor.get("injected"),
     )
@@ -308,7 +338,7 @@ def _flat_input(index: int, var: str, spec: object) -> InputSpec:
     return _input(
         index,
         var,
-        spec.get("content_type", DEFAULT_FORMAT),
+        _field(spec, "content_type", DEFAULT_FORMAT),
         spec.get("file"),
         spec.get("injected"),
     )
@@ -349,7 +379,7 @@ def _injected_one(index: int, j: int, owner: str, name: str, spec: object) -> In
     if not isinstance(spec, dict):
         raise BadRequest(f"The {where} must be an object")
     _check_identifier(name, f"The name of the {where}")
-    content_type = _format(spec.get("content_type", DEFAULT_FORMAT), where)
+    content_type = _format(_field(spec, "content_type", DEFAULT_FORMAT), where)
     ext = input_extension(content_type)
     sent = _sent_file(spec.get("file"), where)
     return InjectedSpec(

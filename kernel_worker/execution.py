@@ -26,10 +26,10 @@ from typing import Any, ParamSpec, TypeVar
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease, Output
 
-from . import output_dirs, run_files
+from . import output_dirs, run_files, run_layout
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
-from .errors import CellTimedOut, KernelCrashed
+from .errors import CellTimedOut, KernelCrashed, storage_checked
 from .file_reuse import ReusableFiles
 from .messages import JupyterDisplay, OutputReducer
 
@@ -75,6 +75,8 @@ class RunDir:
     report: Path = field(init=False)
     """Where the agent writes what it collected (JSON)."""
     dirs: Path = field(init=False)
+    bundle_file: Path = field(init=False)
+    """Where a bundle written to a file goes."""
 
     def __post_init__(self) -> None:
         # joined once: the request's path reads them many times
@@ -82,8 +84,9 @@ class RunDir:
         self.work = self.root / "work"
         self.files = self.root / "files"
         self.display = self.root / DISPLAY_FOLDER
-        self.report = self.root / "agent-report.json"
+        self.report = self.root / run_layout.REPORT_FILE
         self.dirs = self.root / output_dirs.FOLDER
+        self.bundle_file = self.root / run_layout.BUNDLE_FILE
 
     @classmethod
     def make(cls, parent: Path | None) -> RunDir:
@@ -298,8 +301,17 @@ async def run_cell(
         if reuse is not None and offered:
             reuse.forget_taken(offered)
     duration_ms = int((time.monotonic() - started) * 1000)
+    writable = [spec.name for spec in request.mounts if spec.mode == "rw"]
+    owned = run_layout.owned_folders(
+        run_dir.root,
+        folders,
+        run_layout.folders_of(mounts or {}, writable),
+        displays=bool(reducer.displays),
+    )
     small = context.inline_io and not reducer.displays and _size(run_dir.report) <= SMALL_IO_BYTES
-    return await offload(small, _outcome, result, reducer, run_dir, context, duration_ms, folders)
+    return await offload(
+        small, _outcome, result, reducer, run_dir, context, duration_ms, folders, owned
+    )
 
 
 def _size(path: Path) -> int:
@@ -325,13 +337,22 @@ def _outcome(
     context: ExecutionContext,
     duration_ms: int,
     folders: tuple[str, ...],
+    owned: Sequence[run_layout.Folder],
 ) -> CellOutcome:
-    mime = write_jupyter_displays(reducer.displays, run_dir.root)
-    report, failure = _report(result, reducer, run_dir)
+    # what the cell broke in its run directory is known before anything there is read
+    reserved = (run_layout.BUNDLE_FILE,) if result.ok else run_layout.RESERVED_AFTER_FAILURE
+    damages = run_layout.check(run_dir.root, owned, reserved)
+    mime = _mime_files(reducer.displays, run_dir.root, damages)
+    lost = run_layout.failure(damages)
+    in_error = result.ok and lost is not None
+    report, failure = _report(result, reducer, run_dir) if not in_error else ({}, None)
+    if failure is None and lost is not None:
+        failure = (run_layout.FAILURE_TYPE, lost, "")
+    damages.extend(run_layout.set_aside(report.get("displaced")))
     common: dict[str, Any] = {
         "mime_displays": mime,
         "stdout": reducer.stdout,
-        "stderr": reducer.stderr,
+        "stderr": reducer.stderr + run_layout.stderr_lines(damages, in_error=in_error),
         "hardware": context.hardware,
         "duration_ms": duration_ms,
         "output_dirs": output_dirs.listing(run_dir.root, folders),
@@ -374,24 +395,47 @@ def _report(
     if "error" in report:
         log.error("output collection failed: %s", report["error"])
         message = f"collecting the cell's outputs failed: {report['error']}"
-        return {}, ("OutputCollectionError", message, "")
+        return report, ("OutputCollectionError", message, "")
     return report, None
 
 
-def write_jupyter_displays(displays: Sequence[JupyterDisplay], run_root: Path) -> list[MimeDisplay]:
+def _mime_files(
+    displays: Sequence[JupyterDisplay], run_root: Path, damages: list[run_layout.Damage]
+) -> list[MimeDisplay]:
+    """The displays' mime files, unless the cell broke their folder (then none; a folder
+    broken while they are written, by a process the cell left, is added to ``damages``)."""
+    where = f"{DISPLAY_FOLDER}/"
+    if not displays or any(damage.where == where for damage in damages):
+        return []
+    displaced: dict[str, int] = {}
+    try:
+        with storage_checked("the cell's displays"):
+            written = write_jupyter_displays(displays, run_root, displaced)
+        damages.extend(run_layout.set_aside(displaced))
+        return written
+    except OSError:
+        lost = run_layout.DISPLAYS_LOST
+        damage = run_layout.damage_to(run_root, (DISPLAY_FOLDER,), lost)
+        damages.append(damage or run_layout.Damage(where, "something else", lost))
+        return []
+
+
+def write_jupyter_displays(
+    displays: Sequence[JupyterDisplay], run_root: Path, displaced: dict[str, int] | None = None
+) -> list[MimeDisplay]:
     """Write every mime type of every display as ``display/<index><ext>`` in the run
     directory ``run_root``, each a new file (blocking: use a thread).
 
     The cell can write in that folder too: whatever it left at a name (a link to a file only
     the worker may write, a FIFO, a folder) is moved aside, never written through (see
-    run_files).
+    run_files), and told to ``displaced``.
     """
     written: list[MimeDisplay] = []
     for index, display in enumerate(displays):
         for mime, value in display.data.items():
             ext = _MIME_EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
             name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
-            with run_files.create(run_root, [DISPLAY_FOLDER, name]) as fh:
+            with run_files.create(run_root, [DISPLAY_FOLDER, name], displaced) as fh:
                 fh.write(_mime_bytes(mime, value))
             written.append(MimeDisplay(name, mime, index, display.output_type))
     return written

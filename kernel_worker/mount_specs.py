@@ -97,6 +97,8 @@ def parse_spec(index: int, item: object) -> MountSpec:
     if not isinstance(uri, str) or not uri:
         raise BadRequest(f"Mount '{name}' needs a uri")
     mode = item.get("mode", "ro")
+    if mode is None:  # null is a field left out (README's one rule)
+        mode = "ro"
     if mode != "ro" and mode != "rw":
         raise BadRequest(f"Mount '{name}' mode must be 'ro' or 'rw'")
     options = item.get("options")

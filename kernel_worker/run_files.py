@@ -63,11 +63,14 @@ def open_regular(root: Path, parts: Sequence[str]) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def create(root: Path, parts: Sequence[str]) -> BinaryIO:
+def create(
+    root: Path, parts: Sequence[str], displaced: dict[str, int] | None = None
+) -> BinaryIO:
     """A new file at ``root/<parts…>`` for writing (mode ``0o666`` less the umask).
 
     Whatever held the name (a link, a FIFO, a file, a folder) is moved aside to a hidden
-    name in the same folder first, never written through.
+    name in the same folder first, never written through; ``displaced`` (when given) is told
+    its ``st_mode`` under the path's ``/``-joined name.
 
     Raises:
         OSError: The folder cannot be reached through no link, or the name keeps being taken.
@@ -83,7 +86,10 @@ def create(root: Path, parts: Sequence[str]) -> BinaryIO:
             except FileExistsError:
                 aside = f".{leaf}.displaced-{secrets.token_hex(4)}"
                 with contextlib.suppress(FileNotFoundError):
+                    mode = os.stat(leaf, dir_fd=dir_fd, follow_symlinks=False).st_mode
                     os.rename(leaf, aside, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                    if displaced is not None:
+                        displaced.setdefault("/".join(parts), mode)
         raise FileExistsError(f"{'/'.join(parts)} kept being created by someone else")
     finally:
         os.close(dir_fd)

@@ -220,7 +220,7 @@ def _write(
         # a stored bundle's length is known up front: sent with it, not chunked
         length = stored_bundle_length(run_dir.root, outcome) if level == 0 else None
         return BundleStream(write, length=length, on_bytes=stream_counting)
-    path = run_dir.root / "bundle.tar.gz"
+    path = run_dir.bundle_file
     # a stored bundle's length is known: a kept file that fits it can take it
     expected = stored_bundle_length(run_dir.root, outcome) if level == 0 and reuse else None
     with new_file(path, reuse, expected) as fh:

@@ -183,8 +183,45 @@ def test_part_names_are_deduplicated_in_order() -> None:
 
 def test_numeric_string_timeout_is_accepted_like_the_reference() -> None:
     assert parse_v1(v1(params={"timeout_seconds": "2.5"})).timeout_seconds == 2.5
-    assert parse_v1(v1(params={"timeout_seconds": 0})).timeout_seconds == 0.0
+    assert parse_v1(v1(params={"timeout_seconds": " 7 "})).timeout_seconds == 7.0
     assert parse_v1(v1(params={"timeout_seconds": None})).timeout_seconds == 30.0
+    assert parse_v1(v1(params={"timeout_seconds": 1e-9})).timeout_seconds == 1e-9
+
+
+def test_null_is_a_field_left_out() -> None:
+    """The rule's first half, field by field: ``null`` gets the field's default."""
+    request = parse_v1(
+        {
+            "protocol_version": None,
+            "transform": {
+                "ref": "notebook_cell@v1",
+                "params": {
+                    "source": None, "timeout_seconds": None, "env": None, "mounts": None,
+                    "mutation_defines": None, "tables": None, "language": None,
+                    "environment": None,
+                },
+            },
+            "inputs": None,
+            "build_id": None,
+        }
+    )  # fmt: skip
+    assert request == parse_execute_v1(b'{"transform": {"ref": "notebook_cell@v1"}}')
+    assert parse_v1({"transform": {"ref": "notebook_cell@v1", "params": None}}) == request
+    described = parse_v1(v1(inputs=[{"name": "x", "format": None, "file": None, "injected": None}]))
+    assert described.inputs[0].content_type == "pickle/object"
+    assert described.inputs[0].file == "x.pickle"
+    flat_one = parse_flat(flat(source=None, inputs={"x": {"content_type": None}}))
+    assert flat_one.source == "" and flat_one.inputs[0].content_type == "pickle/object"
+    assert parse_flat(flat(inputs=None)).inputs == ()
+    (mount,) = parse_v1(v1(params={"mounts": [{"name": "d", "uri": "s3://b/p", "mode": None}]})).mounts
+    assert mount.mode == "ro"
+
+
+def test_fields_the_worker_does_not_read_are_ignored() -> None:
+    """As by the reference: the client sends several, and a newer one may add more."""
+    plain = parse_v1(v1())
+    assert parse_v1(v1(outputs=5, tenant=None, principal=None, origin="notebook")) == plain
+    assert parse_v1(v1(params={"outputs": 5, "input_specs": []})) == plain
 
 
 def test_build_id_blank_is_none() -> None:
@@ -259,9 +296,9 @@ def test_metadata_not_an_object(body: bytes) -> None:
 
 
 @pytest.mark.parametrize(
-    ("version", "shown"), [("v2", "v2"), (None, "None"), ("notebook-cell-v1", "notebook-cell-v1")]
+    ("version", "shown"), [("v2", "v2"), (1, "1"), ("notebook-cell-v1", "notebook-cell-v1")]
 )
-def test_v1_protocol_version(version: Any, shown: str) -> None:
+def test_v1_protocol_version(version: Any, shown: str) -> None:  # null: left out, v1
     assert v1_detail(v1(protocol_version=version)) == (
         f"Unsupported protocol version: {shown}. Expected: v1"
     )
@@ -443,7 +480,9 @@ def test_injected_refusals(injected: Any, detail: str) -> None:
         ("abc", "timeout_seconds must be a number, not 'abc'"),
         ([1], "timeout_seconds must be a number, not a list"),
         (True, "timeout_seconds must be a number, not a boolean"),
-        (-1, "timeout_seconds must not be negative, not -1.0"),
+        (-1, "timeout_seconds must be greater than 0, not -1"),
+        (0, "timeout_seconds must be greater than 0, not 0"),
+        ("-0.5", "timeout_seconds must be greater than 0, not -0.5"),
         ("inf", "timeout_seconds must be finite, not inf"),
         ("nan", "timeout_seconds must be finite, not nan"),
         (10**400, "timeout_seconds must be a number, not "),
@@ -465,8 +504,9 @@ def test_timeout_nan_literal() -> None:
     ("env", "detail"),
     [
         ([], "env must be an object, not a list"),
-        ({"A": None}, "env value of A must be a string, not null"),
-        ({"A": {"b": 1}}, "env value of A must be a string, not an object"),
+        ({"A": None}, "env value of A must be a string, a number or a boolean, not null"),
+        ({"A": {"b": 1}}, "env value of A must be a string, a number or a boolean, not an object"),
+        ({"A": [1]}, "env value of A must be a string, a number or a boolean, not a list"),
         ({"": "x"}, "env name '' is not a valid variable name"),
         ({"A=B": "x"}, "env name 'A=B' is not a valid variable name"),
         ({"A": "x\x00y"}, "env value of A holds a NUL or a lone surrogate"),
@@ -483,7 +523,7 @@ def test_env_coerces_scalars() -> None:
 
 def test_source_must_be_a_string() -> None:
     assert v1_detail(v1(params={"source": 5})) == "source must be a string, not a number"
-    assert flat_detail(flat(source=None)) == "source must be a string, not null"
+    assert flat_detail(flat(source=["x = 1"])) == "source must be a string, not a list"
 
 
 def test_source_with_lone_surrogate() -> None:
@@ -505,6 +545,11 @@ def test_tables_refusals() -> None:
     assert v1_detail(v1(params={"tables": {"t": {"snapshot_id": 1}}})) == (
         "Table 't' must be an object with a string uri"
     )
+    for snapshot in ("5", 1.5, True, {}):
+        detail = v1_detail(v1(params={"tables": {"t": {"uri": "u", "snapshot_id": snapshot}}}))
+        assert detail.startswith("The snapshot_id of table 't' must be an integer or null, not ")
+    tables = {"t": {"uri": "u", "snapshot_id": 7}, "n": {"uri": "v", "snapshot_id": None}}
+    assert dict(parse_v1(v1(params={"tables": tables})).tables) == tables
     for name in ("a-b", "class", "", "1t"):
         detail = v1_detail(v1(params={"tables": {name: {"uri": "strata://table/t"}}}))
         assert detail == f"Table name '{name}' is not a Python identifier"
@@ -514,10 +559,16 @@ def test_build_id_must_be_a_string() -> None:
     assert v1_detail(v1(build_id=5)) == "build_id must be a string, not a number"
 
 
-@pytest.mark.parametrize(("language", "shown"), [("r", "'r'"), ("julia", "'julia'"), (5, "'5'")])
+@pytest.mark.parametrize(("language", "shown"), [("r", "'r'"), ("julia", "'julia'")])
 def test_unsupported_language(language: Any, shown: str) -> None:
     assert v1_detail(v1(params={"language": language})) == f"unsupported cell language {shown}"
     assert flat_detail(flat(language=language)) == f"unsupported cell language {shown}"
+
+
+@pytest.mark.parametrize(("language", "shown"), [(5, "a number"), (False, "a boolean"), ([], "a list")])
+def test_language_must_be_a_string(language: Any, shown: str) -> None:
+    assert v1_detail(v1(params={"language": language})) == f"language must be a string, not {shown}"
+    assert parse_v1(v1(params={"language": ""})).language == "python"  # the reference's default
 
 
 def test_locked_environment_refused() -> None:

@@ -244,6 +244,7 @@ json_values = st.recursive(
 )  # fmt: skip
 not_string = json_values.filter(lambda v: not isinstance(v, str))
 not_object_or_null = json_values.filter(lambda v: v is not None and not isinstance(v, dict))
+not_null = json_values.filter(lambda v: v is not None)  # null is a field left out: its default
 
 
 def is_name(text: str) -> bool:
@@ -251,7 +252,7 @@ def is_name(text: str) -> bool:
 
 
 def timeout_accepted(value: object) -> bool:
-    """The documented rule: a finite, non-negative number (or numeric string); null is default."""
+    """The documented rule: a finite number above 0 (or numeric string); null is default."""
     if value is None:
         return True
     if isinstance(value, bool) or not isinstance(value, int | float | str):
@@ -260,7 +261,7 @@ def timeout_accepted(value: object) -> bool:
         seconds = float(value)
     except (ValueError, OverflowError):
         return False
-    return math.isfinite(seconds) and seconds >= 0
+    return math.isfinite(seconds) and seconds > 0
 
 
 path_like = st.sampled_from([
@@ -311,13 +312,13 @@ bad_mount = st.one_of(
     st.fixed_dictionaries({"name": st.just("m"), "uri": st.sampled_from([
         "file:///etc/passwd", f"file:///tmp/{CANARY}", f"/tmp/{CANARY}", f"../{CANARY}", "ftp://b/k",
         "foo://b/k", "s3://", "s3:///key", "http://127.0.0.1/x", "https://169.254.169.254/", ":"])}),
-    st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "mode": json_values.filter(lambda v: v not in ("ro", "rw"))}),
+    st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "mode": not_null.filter(lambda v: v not in ("ro", "rw"))}),
     st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "options": not_object_or_null}),
     st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "pin": not_string.filter(lambda v: v is not None)}),
     st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "credential": not_string.filter(lambda v: v is not None)}),
 )  # fmt: skip
 bad_mounts = not_object_or_null.filter(lambda v: not isinstance(v, list)) | st.lists(bad_mount, min_size=1, max_size=3) | st.just([{"name": "m", "uri": S3}] * 2)  # fmt: skip
-unknown_formats = st.text(max_size=15).filter(lambda f: f not in FORMATS) | not_string
+unknown_formats = st.text(max_size=15).filter(lambda f: f not in FORMATS) | not_string.filter(lambda v: v is not None)
 
 
 def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
@@ -325,7 +326,8 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
     v1 = route == "/v1/execute"
     inputs_type = list if v1 else dict
     common = [
-        st.builds(set_top, st.just("protocol_version"), json_values.filter(lambda v: v != ("v1" if v1 else "notebook-cell-v1"))),
+        # null is left out: the default on the v1 route, refused where the field is required
+        st.builds(set_top, st.just("protocol_version"), json_values.filter(lambda v: v != ("v1" if v1 else "notebook-cell-v1") and (v is not None or not v1))),
         st.builds(set_top, st.just("inputs"), json_values.filter(lambda v: not isinstance(v, inputs_type))),
         st.builds(set_top, st.just("build_id"), not_string.filter(lambda v: v is not None)),
         st.builds(set_param, st.just("source"), not_string.filter(lambda v: v is not None)),
@@ -335,7 +337,7 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
         st.builds(set_param, st.just("mounts"), bad_mounts),
         st.builds(set_param, st.just("mutation_defines"), not_object_or_null.filter(lambda v: not (isinstance(v, list) and all(isinstance(x, str) for x in v)))),
         st.builds(set_param, st.just("tables"), not_object_or_null | st.dictionaries(st.text(max_size=4), json_values.filter(lambda v: not (isinstance(v, dict) and isinstance(v.get("uri"), str))), min_size=1)),
-        st.builds(set_param, st.just("language"), st.sampled_from(["r", "R", "julia", "Python", 1, True, ["python"]])),
+        st.builds(set_param, st.just("language"), st.sampled_from(["r", "R", "julia", "Python", 1, True, False, 0, [], ["python"]])),
         st.builds(set_param, st.just("environment"), json_values.filter(lambda v: v is not None)),
         st.builds(set_input, st.just("name"), bad_names),
         st.builds(set_input, st.just("content_type"), unknown_formats),

@@ -175,11 +175,15 @@ def test_a_report_the_cell_linked_to_a_root_only_file_is_not_read(
     confined: WorkerProcess, root_only: str
 ) -> None:
     target = os.path.join(root_only, "secret.json")
-    response = _answer(confined, f"import os\nos.symlink({target!r}, '../agent-report.json')\n")
-    assert "ROOT-ONLY-SECRET" not in response.text
-    manifest = read_bundle(response).manifest
-    assert manifest["success"] is False
-    assert "did not report" in manifest["error"]
+    before = Path(target).read_bytes()
+    source = f"import os\nos.symlink({target!r}, '../agent-report.json')\nx = 1\n"
+    bundle = read_bundle(_answer(confined, source))
+    assert not [name for name, data in bundle.members.items() if b"ROOT-ONLY-SECRET" in data]
+    assert Path(target).read_bytes() == before
+    # the agent set the link aside and wrote its report as a new file
+    assert bundle.manifest["success"] is True
+    assert bundle.variables["x"]["preview"] == 1
+    assert "a symbolic link at agent-report.json" in bundle.stderr()
 
 
 def test_an_output_folder_the_cell_swapped_for_a_link_lists_nothing(

@@ -214,3 +214,38 @@ def test_a_requests_options_never_send_the_workers_identity_elsewhere(
         detail = response.json()["detail"]
         assert detail.startswith(f"Mount 'data' option '{attack}' may not be set by a request")
         assert attacker.endpoint_url not in detail
+
+
+@pytest.mark.parametrize("kind", ["link", "file", "fifo"])
+def test_a_mount_folder_the_cell_replaced_is_a_cell_error_and_syncs_nothing(
+    mounted: tuple[WorkerProcess, S3Server], tmp_path: Path, kind: str
+) -> None:
+    """A read-write mount's copy replaced (after writing to it): nothing is synced back,
+    nothing is read or written through a link, and the cell fails saying what it broke; a
+    read-only mount's view replaced costs nothing and is a line in stderr."""
+    worker, s3 = mounted
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "secret.txt").write_text("not the cell's")
+    bucket = s3.make_bucket({"out/keep.txt": b"old", "in/a.txt": b"a"})
+    mounts = [
+        _mount(s3, f"s3://{bucket}/out", mode="rw", name="results"),
+        _mount(s3, f"s3://{bucket}/in", name="data"),
+    ]
+    source = (
+        "import os, shutil\n(results / 'new.txt').write_text('fresh')\n"
+        "for folder in (results, data):\n"
+        "    shutil.rmtree(folder)\n"
+        f"    if {kind!r} == 'link':\n        os.symlink({str(elsewhere)!r}, folder)\n"
+        f"    elif {kind!r} == 'file':\n        folder.write_text('planted')\n"
+        "    else:\n        os.mkfifo(folder)\n"
+    )
+    with httpx.Client(base_url=worker.url, timeout=120) as c:
+        bundle = read_bundle(execute(c, source, mounts=mounts))
+    assert bundle.manifest["success"] is False
+    assert "read-write mount 'results' could not be synced back" in bundle.manifest["error"]
+    assert "[strata-kernel-worker] The cell replaced mounts/data/ " in bundle.stderr()
+    keys = {o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket)["Contents"]}
+    assert keys == {"out/keep.txt", "in/a.txt"}
+    assert [p.name for p in elsewhere.iterdir()] == ["secret.txt"]
+    assert not [name for name, data in bundle.members.items() if b"not the cell's" in data]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 AGENT_PACKAGE = "strata_kernel_agent"
 # in dependency order
-_MODULES = ("arrow_codec", "figures", "codecs", "tracebacks", "rebinding", "runtime")
+_MODULES = ("arrow_codec", "figures", "codecs", "tracebacks", "rebinding", "rundir", "runtime")
 
 
 @cache

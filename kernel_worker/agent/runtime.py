@@ -18,7 +18,7 @@ import re
 import sys
 import warnings
 
-from . import arrow_codec, codecs, figures, rebinding, tracebacks
+from . import arrow_codec, codecs, figures, rebinding, rundir, tracebacks
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -562,8 +562,7 @@ def _post_run_cell(result=None):
         with _silenced():
             collect(run)
     except BaseException as exc:  # reported to the worker, never lost in the kernel's log
-        with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
-            fh.write(_json_dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        _write_report(run.plan["report_path"], {"error": f"{type(exc).__name__}: {exc}"})
     finally:
         arrow_codec.offer_spares(None)  # offered to this run's outputs only
 
@@ -587,6 +586,11 @@ def collect(run):
     """Serialize the cell's outputs and displays; write the report next to them."""
     shell = _state["shell"]
     files_dir = run.plan["files_dir"]
+    if not rundir.real_folder(files_dir):  # the worker says what the cell did to it
+        raise RuntimeError("the outputs' folder is no longer the worker's")
+    left = rundir.set_aside_contents(files_dir)  # nothing is written through the cell's links
+    folder = os.path.basename(files_dir)
+    displaced = {f"{folder}/{name}": mode for name, mode in left.items()}
     ns = shell.user_ns
     variables, values = _collect_variables(ns, run, files_dir)
     displays = _collect_displays(shell, run, variables, values, files_dir)
@@ -599,7 +603,19 @@ def collect(run):
         "mutation_warnings": warnings,
         "build_env": codecs.build_env(),
     }
-    with open(run.plan["report_path"], "w", encoding="utf-8") as fh:
+    _write_report(run.plan["report_path"], report, displaced)
+
+
+def _write_report(path, report, displaced=None):
+    """The report as a new file; ``displaced`` (``{where: st_mode}``) tells the worker what
+    the cell left where the agent writes, set aside (what held the report's name too)."""
+    fd, mode = rundir.create_new(path)
+    displaced = dict(displaced or {})
+    if mode is not None:
+        displaced[os.path.basename(path)] = mode
+    if displaced:
+        report["displaced"] = displaced
+    with open(fd, "w", encoding="utf-8") as fh:
         fh.write(_json_dumps(report))
 
 
