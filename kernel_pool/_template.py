@@ -55,10 +55,11 @@ def run(source: str, own_fds: set[int]) -> tuple[dict[str, Any], frozenset[str]]
 def _syntax_error(source: str, exc: SyntaxError) -> str:
     line = (source.splitlines() or [""])[max(0, (exc.lineno or 1) - 1)].lstrip()
     message = f"SyntaxError: {exc.msg} (line {exc.lineno})"
-    if line.startswith(("%", "!")):
+    if line.startswith(("%", "!")) or "await" in (exc.msg or ""):
         return (
             f"{message}: the preload runs once as plain Python in the template, where "
-            f"%-magics and ! commands do not exist; {_STAGE} and runs as a cell"
+            f"%-magics, ! commands and top-level await do not exist; {_STAGE} and runs "
+            "as a cell"
         )
     return message
 

@@ -78,7 +78,9 @@ async def test_forked_kernels_are_children_of_the_pools_process(pool: Pool) -> N
     assert not children_of(server.pid)  # the go-betweens are gone
     # forking is only safe from a process with one thread: nothing it imports may start one
     assert server.num_threads() == 1
-    assert server.cmdline()[1:2] == [os.path.join(os.path.dirname(kernel_pool.__file__), "_zygote.py")]
+    assert server.cmdline()[1:2] == [
+        os.path.join(os.path.dirname(kernel_pool.__file__), "_zygote.py")
+    ]
     for pid in pool.kernel_pids().values():  # shown as a spawned kernel would be
         assert pid is not None
         command = psutil.Process(pid).cmdline()
@@ -207,13 +209,18 @@ async def test_closing_the_pool_stops_the_fork_server_and_every_kernel() -> None
 
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
-async def test_closing_the_pool_lets_kernels_exit_cleanly(fork_server: bool, tmp_path: Path) -> None:
-    """Asked to shut down (not killed): the kernel's own exit handlers run."""
+async def test_closing_the_pool_lets_kernels_exit_cleanly(
+    fork_server: bool, tmp_path: Path
+) -> None:
+    """Asked to shut down (not killed): the kernel's own exit handlers run (here one that a
+    module registers as it is imported: it stays, as the module does)."""
     marker = tmp_path / "exited"
+    (tmp_path / "says_bye.py").write_text(
+        f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'bye')\n"
+    )
     async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool:
         async with pool.lease() as lease:
-            code = f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'bye')"
-            await run(lease, code)
+            await run(lease, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport says_bye")
         await settle(pool, idle=1)  # back in the pool (a reset in flight is cut by closing)
         assert not marker.exists()
     assert marker.read_text() == "bye"
@@ -456,7 +463,9 @@ async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped(
         assert sum(pool.stats().retirements.values()) >= 3  # each cell retired its kernel
         deadline = time.monotonic() + 10
         while set(zombies(os.getpid())) - before:
-            assert time.monotonic() < deadline, f"never reaped: {set(zombies(os.getpid())) - before}"
+            assert time.monotonic() < deadline, (
+                f"never reaped: {set(zombies(os.getpid())) - before}"
+            )
             await asyncio.sleep(0.05)
 
 

@@ -440,11 +440,12 @@ async def test_threads_that_end_with_the_cell_keep_the_kernel(pool: Pool, cell: 
     assert not any(pool.stats().retirements.values()), pool.stats()
 
 
-async def test_to_thread_keeps_the_kernel_after_a_preload_that_used_it() -> None:
-    """A preload's ``to_thread`` made the loop's default executor, whose idle threads then
-    counted as the baseline's and a cell's new ones as left running."""
-    preload = "import asyncio\nawait asyncio.to_thread(sum, [1])\n"
-    async with started(PoolConfig(size=1, preload=preload)) as pool:
+async def test_to_thread_keeps_the_kernel_after_a_kernel_init_that_used_it() -> None:
+    """A kernel-init's ``to_thread`` (it runs as a cell, on the kernel's loop) made the loop's
+    default executor, whose idle threads then counted as the baseline's and a cell's new ones
+    as left running."""
+    kernel_init = "import asyncio\nawait asyncio.to_thread(sum, [1])\n"
+    async with started(PoolConfig(size=1, kernel_init=kernel_init)) as pool:
         cell = (
             "import asyncio, time\n"
             "await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.05) for _ in range(4)))"

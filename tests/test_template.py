@@ -123,12 +123,13 @@ async def test_kernel_init_runs_once_per_kernel_with_its_gpu_slot(tmp_path: Path
         ("import socket\nconnection = socket.socket()\n", r"1 open socket\(s\).*--kernel-init"),
         ("log = open(__import__('os').devnull, 'w')\n", r"1 open file\(s\).*--kernel-init"),
         ("x = 1\n%matplotlib inline\n", r"line 2.*%-magics.*--kernel-init"),
+        ("import asyncio\nawait asyncio.sleep(0)\n", r"line 2.*top-level await.*--kernel-init"),
         (
             "def load():\n    raise KeyError('weights')\nload()\n",
             r"KeyError: 'weights' \(line 2, in load\)",
         ),
     ],
-    ids=["thread", "socket", "open file", "magic", "raises"],
+    ids=["thread", "socket", "open file", "magic", "await", "raises"],
 )
 async def test_a_preload_that_cannot_be_the_template_fails_the_start(
     preload: str, message: str
