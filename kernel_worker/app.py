@@ -150,7 +150,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         folder = run_root / f"{KEPT_DIR_PREFIX}{os.getpid()}"
         reusable = ReusableFiles(folder, settings.file_reuse_bytes)
     context = ExecutionContext(
-        hardware_report(), settings.console_cap, owner, inline_io=inline_io, reuse=reusable
+        hardware_report(),
+        settings.console_cap,
+        owner,
+        inline_io=inline_io,
+        reuse=reusable,
+        limits=settings.limits,
     )
     metrics = WorkerMetrics(
         pool,

@@ -12,7 +12,10 @@ One archive satisfies two readers (ARCHITECTURE §1):
   ``error.json`` (failures only) and ``display/<file>`` (the IPython mime files). Each
   ``outputs[]`` entry's ``file`` names the ``files/<name>`` member that holds the variable
   (the seed page's manifest is the index of the members, and Strata's client accepts
-  variables only under ``files/``), so no byte is stored twice.
+  variables only under ``files/``), so no byte is stored twice. Likewise a ``display[]``
+  entry whose file is the same file (a hard link the agent made) as a ``files/`` member, a
+  figure's PNG in both display views, names that member: its bytes are stored once. An
+  entry that stands for a display dropped by the display caps says so (``dropped``).
 
 Every member is a regular file holding its own bytes (no links), so a reader that takes
 the archive as a stream (``tarfile``'s ``r|gz``, ``tar -xzf -`` from a pipe, Go's or
@@ -77,6 +80,8 @@ class MimeDisplay:
     content_type: str  # e.g. "image/png", "text/html"
     index: int  # which display output (0, 1, …); one output may have several mime files
     output_type: str  # "display_data" or "execute_result"
+    # set when this is the note that stands for a display over the caps: {bytes, cap, limit}
+    dropped: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,14 +110,21 @@ class CellOutcome:
     mount_writes: Sequence[Mapping[str, object]] = ()
     # pull runs: output-folder files the orchestrator already stored (omitted from dirs/)
     output_dirs_streamed: Mapping[str, Sequence[str]] | None = None
+    # the output folders held more files than a run returns: {folders, max_files, limit}
+    output_dirs_truncated: Mapping[str, object] | None = None
 
 
-def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[str, object]:
+def build_manifest(
+    outcome: CellOutcome,
+    file_sizes: Mapping[str, int],
+    stored_as: Mapping[str, str] | None = None,
+) -> dict[str, object]:
     """The manifest for *outcome*, given the members actually present.
 
     Pure. *file_sizes* maps member names (``files/x.json``, ``display/0.png``,
     ``dirs/<folder>/<path>``) to their sizes; a referenced name absent from it counts as
-    missing. Each ``file`` is rewritten to ``files/<basename>``.
+    missing. Each ``file`` is rewritten to ``files/<basename>``. *stored_as* maps a
+    ``display/`` file not stored itself to the ``files/`` member that holds its bytes.
     """
     variables = {
         name: _bundle_entry(meta, file_sizes, f"variable {name!r}", required=True)
@@ -138,7 +150,7 @@ def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[
         "executor_ref": EXECUTOR_REF,
         "duration_ms": outcome.duration_ms,
         "outputs": _seed_outputs(variables, file_sizes),
-        "display": _seed_display(outcome.mime_displays, file_sizes),
+        "display": _seed_display(outcome.mime_displays, file_sizes, stored_as or {}),
         "console": CONSOLE_MEMBER,
     }
     if outcome.hardware:  # as the reference: absent rather than an empty machine
@@ -151,6 +163,8 @@ def build_manifest(outcome: CellOutcome, file_sizes: Mapping[str, int]) -> dict[
         }
     if outcome.mount_writes:
         manifest["mount_writes"] = [dict(entry) for entry in outcome.mount_writes]
+    if outcome.output_dirs_truncated is not None:
+        manifest["output_dirs_truncated"] = dict(outcome.output_dirs_truncated)
     return manifest
 
 
@@ -246,22 +260,23 @@ def _seed_outputs(
 
 
 def _seed_display(
-    mime_displays: Sequence[MimeDisplay], sizes: Mapping[str, int]
+    mime_displays: Sequence[MimeDisplay], sizes: Mapping[str, int], stored_as: Mapping[str, str]
 ) -> list[dict[str, object]]:
     entries: list[dict[str, object]] = []
     for mime in mime_displays:
         member = _display_member(mime.file)
         if member is None or member not in sizes:
             continue
-        entries.append(
-            {
-                "file": member,
-                "content_type": mime.content_type,
-                "bytes": sizes[member],
-                "index": mime.index,
-                "output_type": mime.output_type,
-            }
-        )
+        entry: dict[str, object] = {
+            "file": stored_as.get(member, member),
+            "content_type": mime.content_type,
+            "bytes": sizes[member],
+            "index": mime.index,
+            "output_type": mime.output_type,
+        }
+        if mime.dropped is not None:
+            entry["dropped"] = dict(mime.dropped)
+        entries.append(entry)
     return entries
 
 
@@ -326,11 +341,12 @@ def _write_members(tar: TarWriter, run_dir: Path, outcome: CellOutcome) -> None:
     if not outcome.success:
         tar.add_bytes(ERROR_MEMBER, _json(_error_document(outcome)))
     sizes: dict[str, int] = {}
+    stored = _StoredOnce()
     for member in _wanted_members(outcome):
-        size = _add_run_file(tar, run_dir, member)
+        size = _add_run_file(tar, run_dir, member, stored)
         if size is not None:
             sizes[member] = size
-    tar.add_bytes(MANIFEST_MEMBER, _json(build_manifest(outcome, sizes)))
+    tar.add_bytes(MANIFEST_MEMBER, _json(build_manifest(outcome, sizes, stored.aliases)))
 
 
 def _wanted_members(outcome: CellOutcome) -> list[str]:
@@ -359,14 +375,37 @@ def _error_document(outcome: CellOutcome) -> dict[str, object]:
     }
 
 
-def _add_run_file(tar: TarWriter, run_dir: Path, member: str) -> int | None:
-    """Stream ``run_dir/<member>`` into the tar; None when it is not a regular file."""
+def _add_run_file(tar: TarWriter, run_dir: Path, member: str, stored: _StoredOnce) -> int | None:
+    """Stream ``run_dir/<member>`` into the tar, unless ``stored`` says its bytes are in
+    already; None when it is not a regular file."""
     with _open_regular(run_dir, member.split("/")) as source:
         if source is None:
             return None
-        size = os.fstat(source.fileno()).st_size
-        tar.add_file(member, source, size)
-        return size
+        st = os.fstat(source.fileno())
+        if not stored.known(member, st):
+            tar.add_file(member, source, st.st_size)
+        return st.st_size
+
+
+class _StoredOnce:
+    """Which ``files/`` member holds each file stored so far (by device and inode), so a
+    ``display/`` file that is the same file is not stored again (``aliases``)."""
+
+    def __init__(self) -> None:
+        self._files: dict[tuple[int, int], str] = {}
+        self.aliases: dict[str, str] = {}
+
+    def known(self, member: str, st: os.stat_result) -> bool:
+        """Whether ``member`` (a display file) is stored already, as a ``files/`` member."""
+        key = (st.st_dev, st.st_ino)
+        if member.startswith(f"{FILES_DIR}/"):
+            self._files.setdefault(key, member)
+            return False
+        first = self._files.get(key) if member.startswith(f"{DISPLAY_DIR}/") else None
+        if first is None:
+            return False
+        self.aliases[member] = first
+        return True
 
 
 @contextmanager

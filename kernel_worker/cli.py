@@ -272,6 +272,40 @@ _OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
         "characters of stdout/stderr kept per stream (default 16M)",
     ),
     (
+        "--max-folder-input-bytes",
+        f"{ENV_PREFIX}MAX_FOLDER_INPUT_BYTES",
+        _size,
+        "bytes a folder input (dir/tar) may unpack to, checked as it unpacks; past it the "
+        "cell fails naming the cap (default: the input cap, STRATA_WORKER_MAX_INPUT_BYTES)",
+    ),
+    (
+        "--max-folder-input-entries",
+        f"{ENV_PREFIX}MAX_FOLDER_INPUT_ENTRIES",
+        _positive_int,
+        "files, folders and links a folder input (dir/tar) may unpack to (default 50000)",
+    ),
+    (
+        "--max-display-bytes",
+        f"{ENV_PREFIX}MAX_DISPLAY_BYTES",
+        _size,
+        "bytes of one display, all its formats together; a larger one is dropped and a note "
+        "says so (default 64M)",
+    ),
+    (
+        "--max-run-display-bytes",
+        f"{ENV_PREFIX}MAX_RUN_DISPLAY_BYTES",
+        _size,
+        "bytes of all the displays a run keeps; a display past it is dropped and a note says "
+        "so (default 256M)",
+    ),
+    (
+        "--max-output-dir-files",
+        f"{ENV_PREFIX}MAX_OUTPUT_DIR_FILES",
+        _positive_int,
+        "files a run's # @output_dir folders return, all folders together; the rest are left "
+        "out and the answer says so (default 10000)",
+    ),
+    (
         "--file-reuse-bytes",
         f"{ENV_PREFIX}FILE_REUSE_BYTES",
         _size_or_zero,

@@ -26,11 +26,12 @@ from typing import Any, ParamSpec, TypeVar
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease, Output
 
-from . import output_dirs, run_files, run_layout
+from . import display_limits, output_dirs, run_files, run_layout
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, storage_checked
 from .file_reuse import ReusableFiles
+from .limits import RunLimits
 from .messages import JupyterDisplay, OutputReducer
 
 log = logging.getLogger(__name__)
@@ -168,6 +169,8 @@ class ExecutionContext:
     """Run directories are on a memory filesystem: small file work runs inline (see offload)."""
     reuse: ReusableFiles | None = None
     """Kept files of earlier runs, offered to the kernel for large outputs (see file_reuse)."""
+    limits: RunLimits = field(default_factory=RunLimits)
+    """The caps on what a run may unpack, display and return (sent to the agent in the plan)."""
 
 
 SMALL_IO_BYTES = 256 * 1024
@@ -231,6 +234,7 @@ def build_plan(
         "env": dict(request.env),
         "work_dir": str(run_dir.work),
         "files_dir": str(run_dir.files),
+        "display_dir": str(run_dir.display),
         "report_path": str(run_dir.report),
         "mutation_defines": list(request.mutation_defines),
         "tables": dict(request.tables),
@@ -264,12 +268,13 @@ async def run_cell(
         plan["env"]["CUDA_VISIBLE_DEVICES"] = lease.slot
     reuse = context.reuse
     offered = reuse.offer() if reuse is not None else []
+    plan["limits"] = context.limits.for_kernel()
     if offered:
         plan["spares"] = offered
     owner = lease.identity or context.kernel_owner  # the leased kernel's own uid, if any
     if owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, owner)
-    reducer = OutputReducer(context.console_cap)
+    reducer = OutputReducer(context.console_cap, displays=context.limits.display_caps)
     sink = reducer.feed if console is None else _teeing(reducer, console)
     started = time.monotonic()
     try:
@@ -349,14 +354,17 @@ def _outcome(
     if failure is None and lost is not None:
         failure = (run_layout.FAILURE_TYPE, lost, "")
     damages.extend(run_layout.set_aside(report.get("displaced")))
+    listed = output_dirs.listing(run_dir.root, folders, context.limits.output_dir_files)
     common: dict[str, Any] = {
         "mime_displays": mime,
         "stdout": reducer.stdout,
         "stderr": reducer.stderr + run_layout.stderr_lines(damages, in_error=in_error),
         "hardware": context.hardware,
         "duration_ms": duration_ms,
-        "output_dirs": output_dirs.listing(run_dir.root, folders),
+        "output_dirs": listed.files,
+        "output_dirs_truncated": listed.marker,
     }
+    common["stderr"] += listed.note  # what the output folders left out, where users look
     if failure is not None:
         ename, evalue, traceback = failure
         return CellOutcome(
@@ -424,7 +432,8 @@ def write_jupyter_displays(
     displays: Sequence[JupyterDisplay], run_root: Path, displaced: dict[str, int] | None = None
 ) -> list[MimeDisplay]:
     """Write every mime type of every display as ``display/<index><ext>`` in the run
-    directory ``run_root``, each a new file (blocking: use a thread).
+    directory ``run_root``, each a new file (blocking: use a thread). A format the agent
+    wrote as a file itself is that file, if it is as the agent described it (else left out).
 
     The cell can write in that folder too: whatever it left at a name (a link to a file only
     the worker may write, a FIFO, a folder) is moved aside, never written through (see
@@ -432,12 +441,18 @@ def write_jupyter_displays(
     """
     written: list[MimeDisplay] = []
     for index, display in enumerate(displays):
+        files, dropped = display_limits.written_files(display), display_limits.dropped(display)
         for mime, value in display.data.items():
+            if mime in files:  # the agent wrote it (see display_limits)
+                name, size = files[mime]
+                if display_limits.verified_file(run_root, name, size):
+                    written.append(MimeDisplay(name, mime, index, display.output_type))
+                continue
             ext = _MIME_EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
             name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
             with run_files.create(run_root, [DISPLAY_FOLDER, name], displaced) as fh:
                 fh.write(_mime_bytes(mime, value))
-            written.append(MimeDisplay(name, mime, index, display.output_type))
+            written.append(MimeDisplay(name, mime, index, display.output_type, dropped))
     return written
 
 

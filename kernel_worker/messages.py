@@ -13,6 +13,8 @@ from typing import Any
 
 from kernel_pool import Output
 
+from .display_limits import DisplayCaps
+
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 DEFAULT_CONSOLE_CAP = 16 * 1024 * 1024
 
@@ -63,11 +65,15 @@ class CellError:
 
 
 class OutputReducer:
-    """Accumulates one execution's outputs."""
+    """Accumulates one execution's outputs; ``displays`` are the display caps, held to
+    whatever the kernel sent (see display_limits)."""
 
-    def __init__(self, console_cap: int = DEFAULT_CONSOLE_CAP) -> None:
+    def __init__(
+        self, console_cap: int = DEFAULT_CONSOLE_CAP, *, displays: DisplayCaps | None = None
+    ) -> None:
         self._streams = {"stdout": _Stream(console_cap), "stderr": _Stream(console_cap)}
         self._displays: list[JupyterDisplay] = []
+        self._display_caps = displays
         self._display_ids: dict[str, list[int]] = {}
         self._clear_pending = False
         self.error: CellError | None = None
@@ -136,4 +142,7 @@ class OutputReducer:
 
     @property
     def displays(self) -> list[JupyterDisplay]:
-        return list(self._displays)
+        """What a notebook would show, in order; a display over the caps is a note instead."""
+        if self._display_caps is None:
+            return list(self._displays)
+        return self._display_caps.kept(self._displays)

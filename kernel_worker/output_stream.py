@@ -5,7 +5,8 @@ While the cell runs, each folder is scanned every ``poll_seconds``; a regular fi
 ``<output_file_url>?folder=<name>&path=<relative path>``. After the cell a final pass sends
 whatever changed. ``201`` means stored: the file is left out of the bundle and listed under
 ``output_dirs_streamed``; another 4xx means refused: it stays in the bundle and is not
-retried; a 5xx or a transport error is retried on the next pass.
+retried; a 5xx or a transport error is retried on the next pass. Only the files the bundle
+would carry are sent: at most ``max_files`` (``--max-output-dir-files``), all folders together.
 """
 
 from __future__ import annotations
@@ -38,12 +39,14 @@ class OutputDirStreamer:
         names: tuple[str, ...],
         *,
         timeout_seconds: float = 30.0,
+        max_files: int | None = None,
     ) -> None:
         self._client = client
         self._url = url
         self._root = root
         self._names = names
         self._timeout = timeout_seconds
+        self._max_files = max_files
         self._seen: dict[tuple[str, str], Version] = {}
         self._stored: dict[tuple[str, str], Version] = {}
         self._refused: set[tuple[str, str]] = set()
@@ -77,7 +80,8 @@ class OutputDirStreamer:
 
     def _versions(self) -> dict[tuple[str, str], Version]:
         versions: dict[tuple[str, str], Version] = {}
-        for folder, files in output_dirs.versions_of(self._root, self._names).items():
+        found = output_dirs.versions_of(self._root, self._names, self._max_files)
+        for folder, files in found.items():
             for rel, version in files.items():
                 versions[(folder, rel)] = version
         return versions

@@ -116,7 +116,8 @@ async def _build(
                 reuse=state.reusable_files,
             )  # fmt: skip
     job.mark_provisioning(False)
-    streamer = _streamer(client, manifest, run_dir, transfer_seconds)
+    max_files = state.context.limits.output_dir_files
+    streamer = _streamer(client, manifest, run_dir, transfer_seconds, max_files)
 
     async def after_cell(outcome: CellOutcome) -> CellOutcome:
         if streamer is None:
@@ -152,14 +153,23 @@ async def _build(
 
 
 def _streamer(
-    client: httpx.AsyncClient, manifest: BuildManifest, run_dir: RunDir, timeout_seconds: float
+    client: httpx.AsyncClient,
+    manifest: BuildManifest,
+    run_dir: RunDir,
+    timeout_seconds: float,
+    max_files: int,
 ) -> OutputDirStreamer | None:
     """A streamer when the orchestrator takes output files and the cell declares folders."""
     names = output_dirs.declared(manifest.cell.source)
     if manifest.output_file_url is None or not names:
         return None
     return OutputDirStreamer(
-        client, manifest.output_file_url, run_dir.root, names, timeout_seconds=timeout_seconds
+        client,
+        manifest.output_file_url,
+        run_dir.root,
+        names,
+        timeout_seconds=timeout_seconds,
+        max_files=max_files,
     )
 
 

@@ -188,6 +188,10 @@ async def health(request: Request) -> JSONResponse:
             "protocol_versions": [EXECUTOR_PROTOCOL],
             "transform_refs": [TRANSFORM_REF],
             "features": _features(),
+            "limits": {
+                "max_input_bytes": state.settings.max_input_bytes,
+                **state.context.limits.described(),
+            },
         },
         "version": __version__,
         "uptime_seconds": round(time.monotonic() - state.started_at, 3),

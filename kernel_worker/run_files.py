@@ -117,6 +117,67 @@ def regular_files(root: Path, parts: Sequence[str]) -> dict[str, tuple[int, int]
     return found
 
 
+def first_regular_files(
+    root: Path, parts: Sequence[str], room: int | None
+) -> tuple[dict[str, tuple[int, int]], bool]:
+    """As :func:`regular_files`, but at most ``room`` of them (None: all), and whether there
+    are more. The walk stops at the first file past ``room``, so a folder of a million files
+    is never listed whole; which files come first is the folders' own order. One descriptor
+    is held per level.
+
+    Raises:
+        OSError: The folder cannot be reached through no link.
+    """
+    found: dict[str, tuple[int, int]] = {}
+    stack: list[tuple[int, str, list[str]]] = []
+    try:
+        stack.append(_read_folder(open_dir(root, parts), "", found, room))
+        while stack:
+            fd, prefix, folders = stack[-1]
+            if room is not None and len(found) > room:
+                for path in list(found)[room:]:
+                    del found[path]
+                return found, True
+            if not folders:
+                os.close(stack.pop()[0])
+                continue
+            name = folders.pop()
+            try:  # gone, or replaced by a link, since it was listed: skipped
+                inner = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                stack.append(_read_folder(inner, f"{prefix}{name}/", found, room))
+            except OSError:
+                continue
+    finally:
+        for fd, _prefix, _folders in stack:
+            os.close(fd)
+    return found, False
+
+
+def _read_folder(
+    fd: int, prefix: str, found: dict[str, tuple[int, int]], room: int | None
+) -> tuple[int, str, list[str]]:
+    """Add the folder ``fd``'s regular files to ``found`` (stopping one past ``room``);
+    return the frame that walks its sub-folders next (``fd`` is closed if it fails)."""
+    folders: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:  # gone since the folder was listed
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    found[f"{prefix}{entry.name}"] = (st.st_size, st.st_mtime_ns)
+                    if room is not None and len(found) > room:
+                        break
+                elif stat.S_ISDIR(st.st_mode):
+                    folders.append(entry.name)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, prefix, folders
+
+
 def _check_name(part: str) -> None:
     """One plain step: not empty, not ``.``/``..``, no separator."""
     if part in ("", ".", "..") or "/" in part or "\0" in part:

@@ -13,6 +13,14 @@ from urllib.parse import urlsplit
 
 from kernel_pool import RecyclePolicy
 
+from .limits import (
+    DEFAULT_MAX_DISPLAY_BYTES,
+    DEFAULT_MAX_FOLDER_INPUT_ENTRIES,
+    DEFAULT_MAX_OUTPUT_DIR_FILES,
+    DEFAULT_MAX_RUN_DISPLAY_BYTES,
+    RunLimits,
+)
+
 DEFAULT_PORT = 9000
 DEFAULT_MAX_INPUT_BYTES = 2 * 1024**3
 _MIN_TMPFS_BYTES = 2 * 1024**3
@@ -98,6 +106,12 @@ class Settings:
     """Executions admitted at once (running or waiting for a kernel); more get 503."""
     job_ttl_seconds: float = 600.0
     console_cap: int = 16 * 1024 * 1024
+    max_folder_input_bytes: int | None = None
+    """Bytes a ``dir/tar`` input may unpack to; None: ``max_input_bytes``."""
+    max_folder_input_entries: int = DEFAULT_MAX_FOLDER_INPUT_ENTRIES
+    max_display_bytes: int = DEFAULT_MAX_DISPLAY_BYTES
+    max_run_display_bytes: int = DEFAULT_MAX_RUN_DISPLAY_BYTES
+    max_output_dir_files: int = DEFAULT_MAX_OUTPUT_DIR_FILES
     file_reuse_bytes: int = 256 * 1024 * 1024
     """Large files of finished runs kept for later inputs to be written over (file_reuse)."""
     bundle_compresslevel: int | None = None
@@ -156,6 +170,7 @@ class Settings:
             raise ValueError("heartbeat interval must be positive")
         if not self.body_timeout_seconds > 0:
             raise ValueError("body timeout must be positive")
+        self.limits  # noqa: B018 (raises for a cap below 1)
         if not (self.header_timeout_seconds > 0 and self.send_timeout_seconds > 0):
             raise ValueError("header and send timeouts must be positive")
         if self.max_connections < 1 or self.max_uploads < 1:
@@ -167,6 +182,17 @@ class Settings:
             raise ValueError(
                 "STRATA_WORKER_CONNECT_TOKEN holds characters an HTTP header cannot carry"
             )
+
+    @property
+    def limits(self) -> RunLimits:
+        """The caps on what one run may unpack, display and return."""
+        return RunLimits(
+            folder_input_bytes=self.max_folder_input_bytes or self.max_input_bytes,
+            folder_input_entries=self.max_folder_input_entries,
+            display_bytes=self.max_display_bytes,
+            run_display_bytes=self.max_run_display_bytes,
+            output_dir_files=self.max_output_dir_files,
+        )
 
 
 def _check_relay_url(url: str) -> None:

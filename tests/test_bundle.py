@@ -475,3 +475,42 @@ def test_the_stream_check_refuses_a_hard_link() -> None:
         tar.addfile(link)
     with pytest.raises(AssertionError, match=r"outputs/x\.json is not a regular file"):
         stream_members(raw.getvalue())
+
+
+def test_a_display_file_that_is_a_files_member_is_stored_once(run_dir: Path) -> None:
+    """The agent makes a reference display's file and the same Jupyter image one file (a hard
+    link): the image is stored once, and its ``display[]`` entry names the ``files/`` member.
+    A display file linked to an output folder's file is stored itself (only ``files/`` holds
+    what ``display[]`` may name)."""
+    image = b"\x89PNG" + os.urandom(50_000)
+    (run_dir / "files" / "__display__0.png").write_bytes(image)
+    os.link(run_dir / "files" / "__display__0.png", run_dir / "display" / "s0.png")
+    (run_dir / "dirs" / "out").mkdir(parents=True)
+    (run_dir / "dirs" / "out" / "a.bin").write_bytes(b"folder file")
+    os.link(run_dir / "dirs" / "out" / "a.bin", run_dir / "display" / "s1.bin")
+    result = outcome(
+        displays=[{"content_type": "image/png", "file": "__display__0.png", "bytes": len(image)}],
+        mime_displays=[
+            MimeDisplay("s0.png", "image/png", 0, "display_data"),
+            MimeDisplay("s1.bin", "application/octet-stream", 1, "display_data"),
+        ],
+        output_dirs={"out": {"a.bin": 11}},
+    )
+    data, tar = bundle(run_dir, result)
+    assert "display/s0.png" not in tar.getnames() and "display/s1.bin" in tar.getnames()
+    assert len(data) < len(image) + 20_000  # the image once (deflate cannot shrink it)
+    assert list(stream_members(bundle_bytes(run_dir, result))) == tar.getnames()
+    stored = bundle_bytes(run_dir, result, compresslevel=0)
+    assert len(stored) == stored_bundle_length(run_dir, result)  # measured as it is written
+    manifest = manifest_of(tar)
+    shown = [(d["file"], d["bytes"]) for d in manifest["display"]]
+    assert shown == [("files/__display__0.png", len(image)), ("display/s1.bin", 11)]
+    check_seed_index(manifest, {name: read(tar, name) for name in tar.getnames()})
+
+
+def test_a_dropped_display_is_marked_in_its_entry(run_dir: Path) -> None:
+    dropped = {"bytes": 9_000_000, "cap": 8_000_000, "limit": "--max-display-bytes"}
+    result = outcome(mime_displays=[MimeDisplay("0.txt", "text/plain", 0, "display_data", dropped)])
+    _, tar = bundle(run_dir, result)
+    [entry] = manifest_of(tar)["display"]
+    assert entry["file"] == "display/0.txt" and entry["dropped"] == dropped

@@ -345,8 +345,10 @@ def test_reference_and_jupyter_displays(client: httpx.Client) -> None:
     types = {t for _, t in jupyter}
     assert {"text/markdown", "text/html", "image/png", "text/plain"} <= types
     assert sum(1 for _, t in jupyter if t == "image/png") == 2  # shown + flushed, each once
+    # the shown figure's PNG is one file in both views, stored once (under files/)
+    assert [d["file"] for d in m["display"] if d["file"] == png["file"]] == [png["file"]]
     for entry in m["display"]:
-        assert entry["file"].startswith("display/")
+        assert entry["file"].startswith("display/") or entry["file"] == png["file"]
 
 
 def test_console_includes_stderr_and_subprocess_output(client: httpx.Client) -> None:

@@ -13,7 +13,17 @@ from pathlib import Path
 
 AGENT_PACKAGE = "strata_kernel_agent"
 # in dependency order
-_MODULES = ("arrow_codec", "figures", "codecs", "tracebacks", "rebinding", "rundir", "runtime")
+_MODULES = (
+    "arrow_codec",
+    "figures",
+    "archives",
+    "codecs",
+    "tracebacks",
+    "rebinding",
+    "rundir",
+    "display_files",
+    "runtime",
+)
 
 
 @cache

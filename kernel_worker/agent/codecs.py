@@ -17,9 +17,11 @@ Errors raised while loading::
 
     CodecError
     ├── UnknownContentTypeError   (also a ValueError)
-    ├── RArtifactError            (also a RuntimeError; code R_ONLY_ARTIFACT)
-    └── UnsafeArchiveError        (also a ValueError)
+    └── RArtifactError            (also a RuntimeError; code R_ONLY_ARTIFACT)
     PrecisionError                (from arrow_codec; code PRECISION_NARROWED)
+    ArchiveError                  (from archives, also a ValueError: a folder input)
+    ├── UnsafeArchiveError
+    └── ArchiveTooLargeError
 """
 
 from __future__ import annotations
@@ -35,17 +37,18 @@ import os
 import pickle
 import platform
 import sys
-import tarfile
 import types
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import arrow_codec, figures
+from . import archives, arrow_codec, figures
+from .archives import ArchiveTooLargeError, UnsafeArchiveError
 from .arrow_codec import X64_NOTE, PrecisionError, removed_on_error, x64_was_enabled_here
 
 __all__ = [
     "X64_NOTE",
+    "ArchiveTooLargeError",
     "CodecError",
     "InputSnapshot",
     "PrecisionError",
@@ -106,10 +109,6 @@ class CodecError(Exception):
 
 class UnknownContentTypeError(CodecError, ValueError):
     """The input's content type has no Python reader."""
-
-
-class UnsafeArchiveError(CodecError, ValueError):
-    """A ``dir/tar`` input holds a member that could land outside its folder."""
 
 
 class RArtifactError(CodecError, RuntimeError):
@@ -379,8 +378,8 @@ def _render_png(value: Any) -> _Png:
     """PNG bytes from ``_repr_png_``, a matplotlib figure or a PIL image, in that order."""
     render = getattr(value, "_repr_png_", None)
     raw = render() if callable(render) else None
-    if isinstance(raw, str):
-        return raw.encode("latin1"), None, None
+    if isinstance(raw, str):  # IPython's own Image gives base64, as its PNG formatter may
+        return _png_of_base64(raw) or raw.encode("latin1"), None, None
     if isinstance(raw, bytes | bytearray | memoryview):
         return bytes(raw), None, None
     if raw is not None:
@@ -394,6 +393,16 @@ def _render_png(value: Any) -> _Png:
         value.save(buffer, format="PNG")
         return buffer.getvalue(), value.size[0], value.size[1]
     raise ValueError(f"Cannot render {type(value).__name__} as image/png")
+
+
+def _png_of_base64(text: str) -> bytes | None:
+    """The PNG ``text`` holds in base64 (the bytes Jupyter shows), or None if it holds none."""
+    if not text.startswith("iVBORw0KGg"):  # the PNG signature, in base64
+        return None
+    try:
+        return base64.b64decode(text, validate=True)
+    except ValueError:  # binascii.Error is one
+        return None
 
 
 def _png_size(png: bytes) -> tuple[int | None, int | None]:
@@ -473,19 +482,27 @@ def load_input(
     *,
     injected: dict[str, object] | None = None,
     work_dir: str | None = None,
+    limits: Mapping[str, int] | None = None,
 ) -> object:
     """The value a cell sees for the staged input file *path* of *content_type*.
 
     A relative *path* is taken relative to *work_dir* when given. *injected* holds the
-    already-loaded values a ``module/cell`` descriptor's source may refer to. Raises on
-    any failure (``UnknownContentTypeError``, ``RArtifactError``, ``PrecisionError``,
-    ``UnsafeArchiveError`` or whatever the format's reader raised).
+    already-loaded values a ``module/cell`` descriptor's source may refer to. *limits* are
+    the worker's caps on what a folder input unpacks to (``folder_input_bytes``,
+    ``folder_input_entries``; see ``archives``). Raises on any failure
+    (``UnknownContentTypeError``, ``RArtifactError``, ``PrecisionError``, an
+    ``ArchiveError`` or whatever the format's reader raised).
     """
     file_path = Path(path)
     if work_dir is not None and not file_path.is_absolute():
         file_path = Path(work_dir) / file_path
     if content_type == MODULE_CELL:
         return _load_cell_module(file_path, injected)
+    if content_type == DIR_TAR:
+        caps = limits or {}
+        return archives.unpack(
+            file_path, caps.get("folder_input_bytes"), caps.get("folder_input_entries")
+        )
     reader = _READERS.get(content_type)
     if reader is None:
         raise UnknownContentTypeError(f"Unknown content type: {content_type!r}")
@@ -578,41 +595,6 @@ def _load_cell_instance(path: Path) -> object:
     return instance
 
 
-def _member_problem(member: tarfile.TarInfo) -> str | None:
-    """Why *member* may not be extracted, or None when it stays inside its folder."""
-    # a leading "/" is dropped, as tarfile's "data" filter (the reference's) drops it
-    name = PurePosixPath(member.name.lstrip("/"))
-    if ".." in name.parts:
-        return "its path climbs out with '..'"
-    if member.isdev():
-        return "it is a device or FIFO"
-    if member.issym() or member.islnk():
-        base = name.parent if member.issym() else PurePosixPath()
-        target = PurePosixPath(os.path.normpath(base / member.linkname))
-        if PurePosixPath(member.linkname).is_absolute() or target.parts[:1] == ("..",):
-            return "it links outside the folder"
-    return None
-
-
-def _load_dir_tar(path: Path) -> Path:
-    """Unpack ``<stem>.dir.tar`` into ``<stem>.dir`` (refusing unsafe members)."""
-    folder = path.with_suffix("")
-    with tarfile.open(path) as archive:
-        members = archive.getmembers()
-        for member in members:
-            problem = _member_problem(member)
-            if problem is not None:
-                raise UnsafeArchiveError(f"Refusing to unpack {member.name!r}: {problem}")
-        for member in members:
-            member.name = member.name.lstrip("/")
-        folder.mkdir(exist_ok=True)
-        if hasattr(tarfile, "data_filter"):
-            archive.extractall(folder, members=members, filter="data")
-        else:  # pragma: no cover - Pythons before 3.11.4; members were checked above
-            archive.extractall(folder, members=members)
-    return folder
-
-
 def _load_r_object(path: Path) -> object:
     raise RArtifactError(path)
 
@@ -625,7 +607,7 @@ _READERS: dict[str, Callable[[Path], object]] = {
     MODULE_IMPORT: _load_module,
     CELL_INSTANCE: _load_cell_instance,
     FILE_PATH: lambda path: path,
-    DIR_TAR: _load_dir_tar,
+    DIR_TAR: archives.unpack,
     DIR_MANIFEST: lambda path: path.with_name(path.name.removesuffix(".dirmanifest.json") + ".dir"),
     R_OBJECT: _load_r_object,
 }

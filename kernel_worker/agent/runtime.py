@@ -18,7 +18,7 @@ import re
 import sys
 import warnings
 
-from . import arrow_codec, codecs, figures, rebinding, rundir, tracebacks
+from . import arrow_codec, codecs, display_files, figures, rebinding, rundir, tracebacks
 
 _SKIPPED_NAMES = frozenset(("__builtins__", "__name__", "__doc__", "__package__"))
 PREVIEW_LIMIT = 64 * 1024
@@ -60,6 +60,11 @@ _state = {
 
 def _current():
     return _state["run"]
+
+
+def _current_plan():
+    run = _state["run"]
+    return None if run is None else run.plan
 
 
 # -- displays ------------------------------------------------------------------------------------
@@ -396,7 +401,11 @@ def _prepare(shell, run):
                 for sub in spec.get("injected", ())
             }
             value = codecs.load_input(
-                spec["path"], spec["content_type"], injected=injected or None, work_dir=work_dir
+                spec["path"],
+                spec["content_type"],
+                injected=injected or None,
+                work_dir=work_dir,
+                limits=plan.get("limits"),
             )
         except codecs.RArtifactError as exc:  # the two errors that name their input
             raise codecs.RArtifactError(exc.file_path, variable_name=name) from None
@@ -594,6 +603,7 @@ def collect(run):
     ns = shell.user_ns
     variables, values = _collect_variables(ns, run, files_dir)
     displays = _collect_displays(shell, run, variables, values, files_dir)
+    displays = display_files.checked(displays, files_dir, run.plan)  # the caps, files shared
     if displays:
         variables["_"] = displays[-1]
     warnings = codecs.mutation_warnings(run.fingerprints, ns, set(run.inputs), values)
@@ -779,6 +789,7 @@ def install(shell):
     shell.magics_manager.magics["line"].pop("store", None)
     _patch_figure_show()
     figures.install(shell)
+    display_files.install(shell, _current_plan)
     shell.events.register("pre_run_cell", _pre_run_cell)
     shell.events.register("post_execute", _stop_recording)
     shell.events.register("post_run_cell", _post_run_cell)
