@@ -19,11 +19,12 @@ from .errors import (
 from .kernel import KernelState
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, ProcessMemory
-from .messages import ExecuteResult, Output
+from .messages import STREAM_DROPPED_MSG_TYPE, ExecuteResult, Output, dropped_characters
 from .pool import Pool
 from .stats import DurationSummary, PoolStats
 
 __all__ = [
+    "STREAM_DROPPED_MSG_TYPE",
     "DurationSummary",
     "ExecuteResult",
     "ExecutionError",
@@ -46,4 +47,5 @@ __all__ = [
     "ProcessMemory",
     "RecyclePolicy",
     "RetireReason",
+    "dropped_characters",
 ]

@@ -18,6 +18,9 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
   :func:`reset_after_idle` starts the reset after a lease's last cell only once the IO
   thread has sent the idle status (it waited for the GIL while the reset held it, a
   millisecond or more).
+- How much of a cell's stdout and stderr is published at most (a cap per stream and
+  request, counted past it, fd-level output included) is ``_inkernel_streams.py``'s, set up
+  by :func:`_lean_messaging` too.
 - :func:`before_kernel_app` (in a forked kernel, before ipykernel's application starts)
   keeps colours from being forced on the cells' processes, and has the main thread read
   shell requests itself. ipykernel 7 reads them in a thread of
@@ -167,6 +170,7 @@ def _lean_messaging():
     kernel._publish_execute_input = _no_rebroadcast
     kernel._publish_status = _without_busy(kernel._publish_status)
     _reply_at_once(kernel)
+    cap_streams(kernel)  # noqa: F821 (from _inkernel_streams.py)
     log = getattr(kernel, "log", None)
     handlers = getattr(log, "handlers", None)
     if handlers and not getattr(log, "propagate", True):

@@ -5,6 +5,16 @@ operations for every message; a warm kernel's cell is only a handful of small me
 that machinery was a measurable share of a cell's cost. Here each socket's file descriptor
 is watched with ``loop.add_reader`` and drained without blocking: messages are decoded
 (:func:`decode`, HMAC checked) and handed to ``deliver`` in arrival order per socket.
+
+What a kernel sends is read a bounded amount at a time, whatever it sends. Each wake-up
+reads at most :data:`_BATCH` messages or, once they add up to it, :data:`_BATCH_BYTES`
+(one read 64 messages of 8 MB each from a cell that printed 1 GB, and decoded them all
+while ``/health`` waited seconds). And ZMQ holds at most :data:`_IOPUB_QUEUE` IOPub
+messages the pool has not read yet: past that it stops reading the kernel's socket, and
+the kernel holds what it publishes (its helper lifts the kernel's own limit, past which a
+publisher drops messages, so nothing is lost, an idle status included; see
+``_inkernel_streams.py``). ZMQ's default let the pool's process queue a thousand messages
+of any size from a kernel that published faster than it read.
 """
 
 from __future__ import annotations
@@ -29,6 +39,8 @@ UNREADABLE = "unreadable"
 
 _RECONNECT_MS = 10
 _BATCH = 64  # messages read per wake-up before yielding to the rest of the loop
+_BATCH_BYTES = 4 << 20  # ...or, once a message took the total past this, bytes
+_IOPUB_QUEUE = 8  # IOPub messages read ahead by ZMQ (the kernel holds the rest)
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
 
 
@@ -61,9 +73,12 @@ class _Reader:
 
     def drain(self) -> None:
         """Read what is waiting (at most a batch, then continue on the next loop turn)."""
+        read = 0
         for _ in range(_BATCH):
             if self._closed:
                 return
+            if read >= _BATCH_BYTES:
+                break
             try:
                 if not int(self.sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
                     return
@@ -74,6 +89,7 @@ class _Reader:
                 log.debug("%s socket closed", self.name, exc_info=True)
                 self.close()
                 return
+            read += sum(map(len, frames))
             try:
                 msg = decode(frames, self._auth)
             except (ValueError, TypeError, UnicodeDecodeError):
@@ -105,6 +121,7 @@ class KernelChannels:
         iopub = context.socket(zmq.SUB)
         iopub.setsockopt(zmq.SUBSCRIBE, b"")
         iopub.setsockopt(zmq.LINGER, 0)
+        iopub.setsockopt(zmq.RCVHWM, _IOPUB_QUEUE)
         for sock in (shell, iopub):  # a starting kernel binds late: retry every 10 ms
             sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
         try:

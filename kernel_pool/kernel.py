@@ -67,6 +67,7 @@ _INKERNEL_FILES = (
     "_inkernel_imports",
     "_inkernel_threads",
     "_inkernel_messaging",
+    "_inkernel_streams",
 )
 _INKERNEL_SOURCE = "\n".join(
     Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
@@ -437,11 +438,14 @@ class Kernel:
         buffers: Sequence[bytes | memoryview] = (),
         on_output: OutputCallback | None = None,
         reset_after: bool = False,
+        stream_cap: int | None = None,
     ) -> ExecuteResult:
         """Run ``code`` and wait for its reply and idle status, or raise at the deadline.
 
         ``reset_after``: the kernel resets itself right after replying; wait for its verdict
-        with :meth:`reset_verdict`.
+        with :meth:`reset_verdict`. ``stream_cap``: characters of stdout and of stderr the
+        kernel publishes at most; what it drops past them is reported as one
+        :data:`~kernel_pool.messages.STREAM_DROPPED_MSG_TYPE` output.
         """
         if self.died.is_set():
             raise KernelDied(self._exit_code)
@@ -455,8 +459,13 @@ class Kernel:
             "stop_on_error": False,
         }
         request_metadata = dict(metadata or {})
+        asked: dict[str, Any] = {}
         if reset_after:
-            request_metadata["kernel_pool"] = {"reset": True}
+            asked["reset"] = True
+        if stream_cap is not None:
+            asked["stream_cap"] = stream_cap
+        if asked:
+            request_metadata["kernel_pool"] = asked
         msg_id = self._shell().send(
             "execute_request", content, metadata=request_metadata, buffers=buffers
         )
@@ -514,9 +523,7 @@ class Kernel:
             # (uvloop's clock is cached, in milliseconds).
             for_the_grace = quiet_by - now < remaining
             try:
-                channel, msg = await asyncio.wait_for(
-                    self._events.get(), min(remaining, quiet_by - now)
-                )
+                channel, msg = await self._next_event(min(remaining, quiet_by - now))
             except TimeoutError:
                 if for_the_grace:
                     raise _no_answer(answer, unreadable) from None
@@ -548,6 +555,14 @@ class Kernel:
             elif msg_type != "execute_input":
                 sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
         return answer
+
+    async def _next_event(self, within_seconds: float) -> tuple[str, Any]:
+        """The next event: one already queued at once, without a turn of the loop for each
+        (a burst is consumed as fast as the socket's reader queues it, so the queue stays
+        about one read's worth), else the next to come within ``within_seconds``."""
+        if not self._events.empty():
+            return self._events.get_nowait()
+        return await asyncio.wait_for(self._events.get(), within_seconds)
 
     async def _timeout_ladder(self, msg_id: str, sink: OutputCallback) -> None:
         """Interrupt, give the cell a grace period, then kill the whole process group."""
@@ -590,7 +605,7 @@ class Kernel:
             if remaining <= 0:
                 return None
             try:
-                channel, msg = await asyncio.wait_for(self._events.get(), remaining)
+                channel, msg = await self._next_event(remaining)
             except TimeoutError:
                 return None
             if channel in ("died", UNREADABLE):  # the full reset decides (and finds it too)

@@ -79,6 +79,7 @@ class Lease:
         buffers: Sequence[bytes | memoryview] = (),
         on_output: OutputCallback | None = None,
         last: bool = False,
+        stream_cap: int | None = None,
     ) -> ExecuteResult:
         """Execute ``code`` until ``deadline`` (a ``time.monotonic()`` value).
 
@@ -89,6 +90,10 @@ class Lease:
         ``last=True`` says nothing else will run on this lease: the kernel resets itself
         right after replying (no second round trip, and off the caller's path) and goes
         back to the pool once its verdict arrives; a reset that finds anything retires it.
+
+        ``stream_cap``: the kernel publishes at most this many characters of stdout and of
+        stderr, and reports how many it dropped past them as one output of type
+        :data:`~kernel_pool.STREAM_DROPPED_MSG_TYPE`, content ``{"stdout": n, "stderr": m}``.
         """
         reset_after = last and self._reusable
         with self._tracked():
@@ -102,6 +107,7 @@ class Lease:
                 buffers=buffers,
                 on_output=on_output,
                 reset_after=reset_after,
+                stream_cap=stream_cap,
             )
         if reset_after:
             self.reset_pending = result.msg_id

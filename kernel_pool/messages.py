@@ -12,6 +12,11 @@ _DELIMITER = b"<IDS|MSG>"
 
 RESET_MSG_TYPE = "kernel_pool_reset"
 """The IOPub message in which a kernel reports the reset it ran after a lease's last cell."""
+STREAM_DROPPED_MSG_TYPE = "kernel_pool_stream_dropped"
+"""The output in which a kernel reports what it did not publish past an execution's
+``stream_cap``: ``{"stdout": n, "stderr": m}`` in characters (read it with
+:func:`dropped_characters`)."""
+_STREAMS = ("stdout", "stderr")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,17 @@ class InlineReset:
             float(seconds) if isinstance(seconds, int | float) else 0.0,
             library_pids(content),
         )
+
+
+def dropped_characters(content: Mapping[str, Any]) -> dict[str, int]:
+    """``{stream name: characters}`` of a :data:`STREAM_DROPPED_MSG_TYPE` output: only the
+    two standard streams, and only counts that are whole numbers above zero."""
+    dropped: dict[str, int] = {}
+    for name in _STREAMS:
+        count = content.get(name)
+        if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+            dropped[name] = count
+    return dropped
 
 
 def library_pids(report: Mapping[str, Any]) -> tuple[int, ...]:

@@ -34,6 +34,7 @@ client rejects; a missing mime file or output-dir file is left out of the manife
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 import os
@@ -45,7 +46,7 @@ from typing import BinaryIO
 
 from zlib_ng import zlib_ng
 
-from . import run_files
+from . import console, run_files
 from .stored_gzip import GZIP_WBITS, DeflatingGzipWriter, StoredGzipWriter, stored_length
 from .tarwriter import TarWriter
 
@@ -93,8 +94,8 @@ class CellOutcome:
     variables: Mapping[str, Mapping[str, object]]
     displays: Sequence[Mapping[str, object]]  # reference displays, same convention
     mime_displays: Sequence[MimeDisplay]
-    stdout: str
-    stderr: str
+    stdout: console.Text
+    stderr: console.Text
     error: str | None
     error_type: str | None
     traceback: str | None
@@ -335,9 +336,7 @@ def _dirs_member(folder: str, rel: str) -> str | None:
 
 
 def _write_members(tar: TarWriter, run_dir: Path, outcome: CellOutcome) -> None:
-    tar.add_bytes(STDOUT_MEMBER, outcome.stdout.encode("utf-8", "replace"))
-    tar.add_bytes(STDERR_MEMBER, outcome.stderr.encode("utf-8", "replace"))
-    tar.add_bytes(CONSOLE_MEMBER, _json({"stdout": outcome.stdout, "stderr": outcome.stderr}))
+    _add_console(tar, outcome.stdout, outcome.stderr)
     if not outcome.success:
         tar.add_bytes(ERROR_MEMBER, _json(_error_document(outcome)))
     sizes: dict[str, int] = {}
@@ -364,6 +363,26 @@ def _wanted_members(outcome: CellOutcome) -> list[str]:
     ]
     display = [_display_member(mime.file) for mime in outcome.mime_displays]
     return [name for name in dict.fromkeys([*dirs, *files, *display]) if name is not None]
+
+
+def _add_console(tar: TarWriter, stdout: console.Text, stderr: console.Text) -> None:
+    """``stdout.txt``, ``stderr.txt`` and ``console.json``. A large console is encoded a
+    chunk at a time into the same bytes, never held again whole (see console)."""
+    if len(stdout) + len(stderr) <= console.CHUNK:  # the usual console: encoded whole
+        out, err = str(stdout), str(stderr)
+        tar.add_bytes(STDOUT_MEMBER, out.encode("utf-8", "replace"))
+        tar.add_bytes(STDERR_MEMBER, err.encode("utf-8", "replace"))
+        tar.add_bytes(CONSOLE_MEMBER, _json({"stdout": out, "stderr": err}))
+        return
+    for name, text in ((STDOUT_MEMBER, stdout), (STDERR_MEMBER, stderr)):
+        tar.add_chunks(name, console.utf8_size(text), console.utf8_chunks(text))
+    # what _json writes for {"stdout": ..., "stderr": ...}: sorted keys, default separators
+    head, middle, tail = b'{"stderr": ', b', "stdout": ', b"}"
+    size = len(head) + console.json_size(stderr) + len(middle) + console.json_size(stdout) + 1
+    chunks = itertools.chain(
+        (head,), console.json_chunks(stderr), (middle,), console.json_chunks(stdout), (tail,)
+    )
+    tar.add_chunks(CONSOLE_MEMBER, size, chunks)
 
 
 def _error_document(outcome: CellOutcome) -> dict[str, object]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
-from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease, Output
+from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease
 
 from . import display_limits, output_dirs, run_files, run_layout
 from .bundle import CellOutcome, MimeDisplay
@@ -32,6 +32,7 @@ from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, storage_checked
 from .file_reuse import ReusableFiles
 from .limits import RunLimits
+from .messages import ConsoleListener as ConsoleListener  # (service, transfers import it here)
 from .messages import JupyterDisplay, OutputReducer
 
 log = logging.getLogger(__name__)
@@ -51,9 +52,6 @@ _MIME_EXTENSIONS = {
     "application/javascript": ".js",
     "application/pdf": ".pdf",
 }
-ConsoleListener = Callable[[str, str], None]
-"""Receives ``(stream name, text)`` for every console chunk, in order."""
-
 DISPLAY_FOLDER = "display"
 """The run directory's folder of the cell's Jupyter displays, one file per mime type."""
 _BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
@@ -252,7 +250,7 @@ async def run_cell(
 ) -> CellOutcome:
     """Run the cell; raise :class:`CellTimedOut` or :class:`KernelCrashed` when it cannot end.
 
-    ``console`` (optional) sees every stdout/stderr chunk as the kernel produces it;
+    ``console`` (optional) sees every stdout/stderr chunk kept, as the kernel produces it;
     ``mounts`` maps mount names to the local folders the cell gets as ``Path`` objects.
     """
     folders = output_dirs.declared(request.source)
@@ -274,8 +272,7 @@ async def run_cell(
     owner = lease.identity or context.kernel_owner  # the leased kernel's own uid, if any
     if owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, owner)
-    reducer = OutputReducer(context.console_cap, displays=context.limits.display_caps)
-    sink = reducer.feed if console is None else _teeing(reducer, console)
+    reducer = OutputReducer(context.console_cap, console, displays=context.limits.display_caps)
     started = time.monotonic()
     try:
         result = await lease.execute(
@@ -284,8 +281,9 @@ async def run_cell(
             deadline=started + request.timeout_seconds,
             store_history=False,
             metadata={"strata": plan},
-            on_output=sink,
+            on_output=reducer.feed,
             last=True,  # one cell per lease: the kernel resets itself right after replying
+            stream_cap=context.console_cap,  # the kernel drops (and counts) the rest itself
         )
     except ExecutionTimeout:
         raise CellTimedOut(
@@ -324,15 +322,6 @@ def _size(path: Path) -> int:
         return os.stat(path, follow_symlinks=False).st_size
     except OSError:
         return 0
-
-
-def _teeing(reducer: OutputReducer, console: ConsoleListener) -> Callable[[Output], None]:
-    def feed(output: Output) -> None:
-        reducer.feed(output)
-        if output.msg_type == "stream":
-            console(str(output.content.get("name")), str(output.content.get("text", "")))
-
-    return feed
 
 
 def _outcome(

@@ -2,50 +2,31 @@
 
 Feed it every output of one execution in order (:meth:`OutputReducer.feed`); read the
 console, the Jupyter displays a notebook user would see, and the cell's error at the end.
+Each stream keeps at most the console cap (see :mod:`.console`), whatever the kernel sends;
+what the kernel itself dropped past the cap it asked for counts toward the truncation
+marker the same way.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from kernel_pool import Output
+from kernel_pool import STREAM_DROPPED_MSG_TYPE, Output, dropped_characters
 
+from .console import ConsoleBuffer, ConsoleText
 from .display_limits import DisplayCaps
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 DEFAULT_CONSOLE_CAP = 16 * 1024 * 1024
+ConsoleListener = Callable[[str, str], None]
+"""Receives ``(stream name, text)`` for every console chunk kept, in order."""
 
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
-
-
-@dataclass(slots=True)
-class _Stream:
-    cap: int
-    parts: list[str] = field(default_factory=list)
-    size: int = 0
-    dropped: int = 0
-
-    def add(self, text: str) -> None:
-        room = self.cap - self.size
-        if room >= len(text):
-            self.parts.append(text)
-            self.size += len(text)
-            return
-        if room > 0:
-            self.parts.append(text[:room])
-            self.size += room
-        self.dropped += len(text) - max(room, 0)
-
-    def text(self) -> str:
-        body = "".join(self.parts)
-        if self.dropped:
-            body += f"\n[output truncated: {self.dropped} more characters not kept]\n"
-        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +50,14 @@ class OutputReducer:
     whatever the kernel sent (see display_limits)."""
 
     def __init__(
-        self, console_cap: int = DEFAULT_CONSOLE_CAP, *, displays: DisplayCaps | None = None
+        self,
+        console_cap: int = DEFAULT_CONSOLE_CAP,
+        console: ConsoleListener | None = None,
+        *,
+        displays: DisplayCaps | None = None,
     ) -> None:
-        self._streams = {"stdout": _Stream(console_cap), "stderr": _Stream(console_cap)}
+        self._streams = {"stdout": ConsoleBuffer(console_cap), "stderr": ConsoleBuffer(console_cap)}
+        self._console = console
         self._displays: list[JupyterDisplay] = []
         self._display_caps = displays
         self._display_ids: dict[str, list[int]] = {}
@@ -79,6 +65,10 @@ class OutputReducer:
         self.error: CellError | None = None
 
     def feed(self, output: Output) -> None:
+        if output.msg_type == STREAM_DROPPED_MSG_TYPE:
+            for name, characters in dropped_characters(output.content).items():
+                self._streams[name].drop(characters)
+            return
         handler = getattr(self, f"_on_{output.msg_type}", None)
         if handler is not None:
             handler(output.content)
@@ -91,9 +81,12 @@ class OutputReducer:
 
     def _on_stream(self, content: Mapping[str, Any]) -> None:
         self._apply_pending_clear()
-        stream = self._streams.get(str(content.get("name")))
+        name = str(content.get("name"))
+        stream = self._streams.get(name)
         if stream is not None:
-            stream.add(str(content.get("text", "")))
+            kept = stream.add(str(content.get("text", "")))
+            if kept and self._console is not None:
+                self._console(name, kept)
 
     def _on_display_data(self, content: Mapping[str, Any]) -> None:
         self._add_display("display_data", content)
@@ -133,11 +126,11 @@ class OutputReducer:
         )
 
     @property
-    def stdout(self) -> str:
+    def stdout(self) -> ConsoleText:
         return self._streams["stdout"].text()
 
     @property
-    def stderr(self) -> str:
+    def stderr(self) -> ConsoleText:
         return self._streams["stderr"].text()
 
     @property

@@ -13,6 +13,7 @@ encoding) than deflating the whole bundle. Any other member gets
 from __future__ import annotations
 
 import tarfile
+from collections.abc import Iterable
 from typing import BinaryIO
 
 __all__ = ["TarWriter"]
@@ -86,6 +87,22 @@ class TarWriter:
         self._write(_header(name, len(data)))
         self._write(data)
         self._pad(len(data))
+
+    def add_chunks(self, name: str, size: int, chunks: Iterable[bytes | memoryview]) -> None:
+        """A member of ``size`` bytes: ``chunks``, which must add up to exactly that (they
+        are not read when measuring)."""
+        self._write(_header(name, size))
+        if self._out is None:  # measuring
+            self._offset += size
+            self._pad(size)
+            return
+        written = 0
+        for chunk in chunks:
+            self._write(chunk)
+            written += len(chunk)
+        if written != size:
+            raise ValueError(f"{name}: {written} bytes where {size} were announced")
+        self._pad(size)
 
     def add_file(self, name: str, source: BinaryIO, size: int) -> None:
         """``size`` bytes read from ``source``; fewer is an ``OSError`` (as in tarfile)."""

@@ -1,0 +1,191 @@
+"""Console output is capped in the kernel, where it is printed, and bounded in the worker.
+
+A cell that prints 1 GB (``print``, ``sys.stdout.write``, or a subprocess writing to file
+descriptor 1) leaves the worker's RSS within twice the console cap above its idle RSS, and
+``/health`` answers throughout; the bundle holds the first ``--console-cap`` characters and
+the truncation marker with the exact count of the rest, per stream and per execution. A
+cell that goes around the cap (a stream of its own, messages sent on the IOPub socket
+itself) gets the same console, and the worker's memory stays bounded.
+
+Real kernels and a real worker over HTTP; the worker's RSS is sampled with psutil.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import psutil
+import pytest
+
+from kernel_pool import STREAM_DROPPED_MSG_TYPE, Pool, PoolConfig
+from kernel_worker.console import truncation_marker
+
+from .conftest import WorkerProcess, start_worker
+from .test_pool import stdout_of
+from .wire import run_ok
+
+MIB = 1 << 20
+CAP = 16 * MIB  # the default --console-cap
+PRINTED = 1000 * MIB
+PRINT_1GB = (
+    "import sys\n"
+    "chunk = 'x' * (8 << 20)\n"
+    "for _ in range(125):\n"
+    "    sys.stdout.write(chunk)\n"
+    "del chunk\n"
+)
+SUBPROCESS_1GB = f"import os\nos.system('head -c {PRINTED} /dev/zero | tr \"\\\\0\" x')\n"
+OWN_STREAM_1GB = (  # a stream of the cell's own in place of sys.stdout
+    "import sys\n"
+    "from ipykernel.iostream import OutStream\n"
+    "kernel = get_ipython().kernel\n"
+    "sys.stdout = OutStream(kernel.session, kernel.iopub_thread, 'stdout', watchfd=False)\n"
+    "sys.stdout.set_parent(kernel.get_parent('shell'))\n"
+    "chunk = 'x' * (8 << 20)\n"
+    "for _ in range(125):\n"
+    "    print(chunk, end='')\n"
+    "sys.stdout.flush()\n"
+    "del chunk, kernel\n"
+)
+IOPUB_1GB = (  # stream messages sent on the IOPub socket itself: the kernel's cap never sees them
+    "kernel = get_ipython().kernel\n"
+    "parent = kernel.get_parent('shell')\n"
+    "content = {'name': 'stdout', 'text': 'x' * (1 << 20)}\n"
+    "for _ in range(1000):\n"
+    "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
+    "del kernel, parent, content\n"
+)
+
+
+@pytest.fixture(scope="module")
+def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
+    """One kernel (so consecutive cells share it), the default console cap."""
+    worker = start_worker(tmp_path_factory, "--pool-size", "1")
+    yield worker
+    worker.stop()
+
+
+class _Watch:
+    """While a cell runs: the worker's RSS sampled every 2 ms (psutil), and ``/health``
+    asked back to back on a connection of its own."""
+
+    def __init__(self, worker: WorkerProcess) -> None:
+        self._url = worker.url
+        self._process = psutil.Process(worker.proc.pid)
+        self._stop = threading.Event()
+        self.peak = 0
+        self.answers: list[int] = []  # status codes; 0 for no answer
+        self._threads = [threading.Thread(target=self._sample), threading.Thread(target=self._ask)]
+
+    def idle_rss(self) -> int:
+        samples = []
+        for _ in range(5):
+            samples.append(self._process.memory_info().rss)
+            time.sleep(0.05)
+        return int(statistics.median(samples))
+
+    def __enter__(self) -> _Watch:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join()
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self.peak = max(self.peak, self._process.memory_info().rss)
+
+    def _ask(self) -> None:
+        with httpx.Client(base_url=self._url, timeout=60) as client:
+            while not self._stop.is_set():
+                try:
+                    self.answers.append(client.get("/health").status_code)
+                except httpx.HTTPError:
+                    self.answers.append(0)
+
+
+def _run_watched(worker: WorkerProcess, source: str) -> tuple[str, int, list[int]]:
+    """The cell's stdout, the worker's peak RSS above idle while it ran, and every /health
+    status asked meanwhile."""
+    with httpx.Client(base_url=worker.url, timeout=300) as client:
+        for _ in range(2):  # warm the kernel, the connection and the bundle path
+            run_ok(client, "print('warm')")
+        watch = _Watch(worker)
+        idle = watch.idle_rss()
+        with watch:
+            bundle = run_ok(client, source)
+            time.sleep(0.1)  # and a moment after the answer
+    return bundle.stdout(), watch.peak - idle, watch.answers
+
+
+def _assert_capped_and_bounded(stdout: str, growth: int, answers: list[int]) -> None:
+    assert len(stdout) == CAP + len(truncation_marker(PRINTED - CAP))
+    assert stdout.endswith(truncation_marker(PRINTED - CAP))
+    assert stdout[:CAP] == "x" * CAP
+    assert growth <= 2 * CAP, f"the worker grew {growth / MIB:.1f} MiB above idle"
+    assert answers and all(status == 200 for status in answers), answers
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", [PRINT_1GB, SUBPROCESS_1GB], ids=["print", "subprocess"])
+def test_printing_1_gb_keeps_the_worker_within_twice_the_cap(
+    solo: WorkerProcess, source: str
+) -> None:
+    _assert_capped_and_bounded(*_run_watched(solo, source))
+
+
+@pytest.mark.timeout(300)
+def test_a_stream_of_the_cells_own_is_capped_too(solo: WorkerProcess) -> None:
+    _assert_capped_and_bounded(*_run_watched(solo, OWN_STREAM_1GB))
+
+
+@pytest.mark.timeout(300)
+def test_a_kernel_that_goes_around_the_cap_still_gets_a_bounded_worker(
+    solo: WorkerProcess,
+) -> None:
+    """What the kernel sends past the cap is read and dropped as it comes: the console is
+    the same, and the worker holds the kept text plus a few messages not yet read."""
+    _assert_capped_and_bounded(*_run_watched(solo, IOPUB_1GB))
+
+
+def test_the_cap_is_per_stream_and_per_execution(solo: WorkerProcess) -> None:
+    with httpx.Client(base_url=solo.url, timeout=120) as client:
+        bundle = run_ok(
+            client,
+            "import sys\n"
+            f"sys.stdout.write('o' * {CAP - 3})\nprint('abcdef')\n"  # the cut falls mid-write
+            f"sys.stderr.write('e' * {CAP + 20})\n"
+            "import os\nos.system('echo from-a-subprocess')\n",  # past the cap: dropped
+        )
+        assert bundle.stdout() == "o" * (CAP - 3) + "abc" + truncation_marker(4 + 18)
+        assert bundle.stderr() == "e" * CAP + truncation_marker(20)
+        # the next cell on the same kernel starts from a full allowance
+        again = run_ok(client, "import os, sys\nprint('short')\nos.system('echo fd')\n")
+        assert again.stdout() == "short\nfd\n"
+        assert again.stderr() == ""
+
+
+async def test_the_kernel_publishes_at_most_the_cap_in_small_messages() -> None:
+    """At the pool: past ``stream_cap`` the kernel sends nothing more and one report of
+    what it dropped; nothing it published is a large message, and IPython kept no copy."""
+    code = "import sys\nfor _ in range(40):\n    sys.stdout.write('y' * (1 << 20))\n"
+    async with Pool(PoolConfig(size=1)) as pool, pool.lease() as lease:
+        capped = await lease.execute(code, deadline=time.monotonic() + 60, stream_cap=3 * MIB)
+        streams = [o for o in capped.outputs if o.msg_type == "stream"]
+        assert stdout_of(capped) == "y" * 3 * MIB
+        assert max(len(o.content["text"]) for o in streams) <= MIB
+        dropped = [o.content for o in capped.outputs if o.msg_type == STREAM_DROPPED_MSG_TYPE]
+        assert dropped == [{"stdout": 37 * MIB}]
+        uncapped = await lease.execute(
+            "print('z' * 100)\nprint(len(get_ipython().history_manager.outputs))",
+            deadline=time.monotonic() + 60,
+        )
+        assert stdout_of(uncapped) == "z" * 100 + "\n0\n"
+        assert not [o for o in uncapped.outputs if o.msg_type == STREAM_DROPPED_MSG_TYPE]
