@@ -190,6 +190,7 @@ async def health(request: Request) -> JSONResponse:
             "features": _features(),
             "limits": {
                 "max_input_bytes": state.settings.max_input_bytes,
+                "console_cap": state.settings.console_cap,
                 **state.context.limits.described(),
             },
         },

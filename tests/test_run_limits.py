@@ -47,6 +47,7 @@ def test_health_reports_the_caps(client: httpx.Client) -> None:
     limits = client.get("/health").json()["capabilities"]["limits"]
     assert limits == {
         "max_input_bytes": INPUT_CAP,
+        "console_cap": 16 * MIB,  # the default
         "max_folder_input_bytes": INPUT_CAP,
         "max_folder_input_entries": 1000,
         "max_display_bytes": 8 * MIB,
