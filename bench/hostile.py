@@ -147,7 +147,7 @@ def _start(cap: str, run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("the worker did not become ready in 120 s")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_worker(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM, then SIGKILL after 30 s; then any of its processes still alive, by PID."""
     children: list[psutil.Process] = []
     with contextlib.suppress(psutil.Error):
@@ -188,7 +188,7 @@ def measure(case: str, cap: str) -> dict[str, Any]:
         peak = (peak_rss(proc.pid) if exact else None) or watch.sampled_peak
         after = psutil.Process(proc.pid).memory_info().rss
     finally:
-        _stop(proc)
+        stop_worker(proc)
         subprocess.run(["rm", "-rf", run_dir], check=False)
     kept = len(_stdout_of(response.content)) if response.status_code == 200 else 0
     latencies = sorted(watch.latencies) or [0.0]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from .hostile import stop_worker
 from .processes import ROOT, free_port
 
 CONFIGS = {
@@ -65,13 +67,8 @@ def measure(extra: list[str], cells: int) -> dict[str, float]:
                 if n >= 5:  # the first few warm the connection and the kernels
                     times.append(time.perf_counter() - t)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        subprocess.run(["rm", "-rf", runs], check=False)
+        stop_worker(proc)
+        shutil.rmtree(runs, ignore_errors=True)
     quantiles = statistics.quantiles(times, n=10)
     return {
         "ready_s": ready,

@@ -27,6 +27,7 @@ from typing import Any, ParamSpec, TypeVar
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease
 
 from . import display_limits, output_dirs, run_files, run_layout
+from .agent.display_files import EXTENSIONS
 from .bundle import CellOutcome, MimeDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, storage_checked
@@ -39,19 +40,6 @@ log = logging.getLogger(__name__)
 _P = ParamSpec("_P")
 _T = TypeVar("_T")
 
-_MIME_EXTENSIONS = {
-    "image/png": ".png",
-    "image/jpeg": ".jpg",
-    "image/gif": ".gif",
-    "image/svg+xml": ".svg",
-    "text/html": ".html",
-    "text/markdown": ".md",
-    "text/latex": ".tex",
-    "text/plain": ".txt",
-    "application/json": ".json",
-    "application/javascript": ".js",
-    "application/pdf": ".pdf",
-}
 DISPLAY_FOLDER = "display"
 """The run directory's folder of the cell's Jupyter displays, one file per mime type."""
 _BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
@@ -437,7 +425,7 @@ def write_jupyter_displays(
                 if display_limits.verified_file(run_root, name, size):
                     written.append(MimeDisplay(name, mime, index, display.output_type))
                 continue
-            ext = _MIME_EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
+            ext = EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
             name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
             with run_files.create(run_root, [DISPLAY_FOLDER, name], displaced) as fh:
                 fh.write(_mime_bytes(mime, value))

@@ -44,7 +44,8 @@ SPILL_BYTES = 4096
 DISPLAY_FLAG = "--max-display-bytes"
 RUN_FLAG = "--max-run-display-bytes"
 _BINARY = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
-_EXTENSIONS = {
+# the file extension of each display format (the worker names its display files by it too)
+EXTENSIONS = {
     "image/png": ".png",
     "image/jpeg": ".jpg",
     "image/gif": ".gif",
@@ -259,7 +260,7 @@ def _write(run: _Run, mime: str, raw: bytes) -> str | None:
             return None
     except OSError:
         return None
-    ext = _EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
+    ext = EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
     name = f"s{run.written}{ext}"
     run.written += 1
     path = os.path.join(run.folder, name)
