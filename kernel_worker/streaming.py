@@ -159,6 +159,7 @@ class BundleStream:
             for _ in range(self._depth):  # wake a writer waiting for a slot
                 slots.release()
             await finished.wait()  # the writer stops at its next write
+            writer.join()  # (it set the event on its way out: only its exit is left)
 
 
 @contextlib.asynccontextmanager
