@@ -12,10 +12,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .client_values import CellResult
+from typing import Protocol
 
 __all__ = [
     "CellError",
@@ -67,10 +64,20 @@ class OutputDecodingError(ClientError):
     """An output was not serialized by the worker, or cannot be decoded here."""
 
 
+class FailedCell(Protocol):
+    """What :class:`CellError` reads of the failed cell's result (a ``CellResult``)."""
+
+    @property
+    def error_type(self) -> str | None: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
 class CellError(ClientError):
     """The cell raised; ``result`` holds its console, error type, message and traceback."""
 
-    def __init__(self, result: CellResult) -> None:
+    def __init__(self, result: FailedCell) -> None:
         kind = result.error_type or "Error"
         super().__init__(f"the cell raised {kind}: {result.error or ''}")
         self.result = result

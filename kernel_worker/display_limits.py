@@ -22,20 +22,26 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import Any, TypeGuard
 
 from . import run_files
 from .agent import display_files
 
-if TYPE_CHECKING:
-    from .messages import JupyterDisplay
-
-__all__ = ["DisplayCaps", "dropped", "verified_file", "written_files"]
+__all__ = ["DisplayCaps", "JupyterDisplay", "dropped", "verified_file", "written_files"]
 
 MARKER = display_files.MARKER
 _FOLDER = "display"
 _WRITTEN_NAME = re.compile(r"s\d{1,9}\.[a-z]{2,4}")
 _BINARY = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
+
+
+@dataclass(frozen=True, slots=True)
+class JupyterDisplay:
+    """One display a Jupyter user would see: its mime bundle and where it came from."""
+
+    output_type: str
+    data: Mapping[str, Any]
+    metadata: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,12 +29,13 @@ from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoRep
 from . import display_limits, output_dirs, run_files, run_layout
 from .agent.display_files import EXTENSIONS
 from .bundle import CellOutcome, MimeDisplay
+from .display_limits import JupyterDisplay
 from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, storage_checked
 from .file_reuse import ReusableFiles
 from .limits import RunLimits
 from .messages import ConsoleListener as ConsoleListener  # (service, transfers import it here)
-from .messages import JupyterDisplay, OutputReducer
+from .messages import OutputReducer
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from .cancellation import cancel_and_wait
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
-from .state import Execution
 from .streaming import BundleStream
 
 log = logging.getLogger(__name__)
@@ -31,6 +30,16 @@ log = logging.getLogger(__name__)
 
 JobResult = bytes | BundleStream | dict[str, object]
 """A bundle (bytes when small, else a stream) or, for pull runs, the JSON answer."""
+
+
+@dataclass(eq=False, slots=True)
+class Execution:
+    """One admitted execution: what the cancel route needs to stop it."""
+
+    build_id: str | None
+    cancel: asyncio.Event = field(default_factory=asyncio.Event)
+    stoppable: bool = True
+    """False once a cancel would stop nothing (a pull run delivering its finished bundle)."""
 
 
 class JobState(enum.Enum):

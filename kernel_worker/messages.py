@@ -17,7 +17,7 @@ from typing import Any
 from kernel_pool import STREAM_DROPPED_MSG_TYPE, Output, dropped_characters
 
 from .console import ConsoleBuffer, ConsoleText
-from .display_limits import DisplayCaps
+from .display_limits import DisplayCaps, JupyterDisplay
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 DEFAULT_CONSOLE_CAP = 16 * 1024 * 1024
@@ -27,15 +27,6 @@ ConsoleListener = Callable[[str, str], None]
 
 def strip_ansi(text: str) -> str:
     return _ANSI.sub("", text)
-
-
-@dataclass(frozen=True, slots=True)
-class JupyterDisplay:
-    """One display a Jupyter user would see: its mime bundle and where it came from."""
-
-    output_type: str
-    data: Mapping[str, Any]
-    metadata: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)

@@ -137,7 +137,7 @@ class MountCache:
         self._environ = dict(environ or {})
         self._sweep_lock = threading.Lock()
         self._last_sweep = -math.inf
-        self.pins = PinnedListings()
+        self.pins: PinnedListings[Placement] = PinnedListings()
         for scheme, name in self._defaults.items():
             if name not in self._credentials:
                 raise ValueError(

@@ -11,12 +11,12 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 from hashlib import sha256
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kernel_worker.mount_cache import Placement
+from typing import Generic, TypeVar
 
 __all__ = ["PinnedListings", "pin_key"]
+
+Placement = TypeVar("Placement")
+"""What one listed object is placed as (the mount cache's ``Placement``)."""
 
 _MAX_PINS = 256
 
@@ -27,7 +27,7 @@ def pin_key(protocol: str, scope: str, path: str, pin: str) -> str:
     return sha256("\0".join(["pin", protocol, scope, path, pin]).encode()).hexdigest()
 
 
-class PinnedListings:
+class PinnedListings(Generic[Placement]):
     """The most recent 256 pinned listings, safe to use from worker threads."""
 
     def __init__(self) -> None:

@@ -40,7 +40,8 @@ from .transfers import UploadTarget, console_relay, deliver_bundle, download
 from .url_safety import UrlGuard, UrlPolicy, pinned
 
 if TYPE_CHECKING:
-    from .state import Execution, WorkerState
+    from .jobs import Execution
+    from .state import WorkerState
 
 __all__ = ["MANIFEST_PROTOCOL", "BuildManifest", "parse_manifest", "read_body", "submit_manifest"]
 

@@ -26,9 +26,9 @@ from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
 from .file_reuse import ReusableFiles, new_file
-from .jobs import Job, JobResult
+from .jobs import Execution, Job, JobResult
 from .mounts import materialize, sync_back
-from .state import Execution, WorkerState
+from .state import WorkerState
 from .streaming import BundleStream
 
 log = logging.getLogger(__name__)

@@ -15,23 +15,13 @@ from kernel_pool import Pool
 
 from .errors import WorkerBusy
 from .execution import ExecutionContext
+from .jobs import Execution, JobQueue
 from .settings import Settings
 
 if TYPE_CHECKING:
     from .file_reuse import ReusableFiles
-    from .jobs import JobQueue
     from .metrics import WorkerMetrics
     from .mount_cache import MountCache
-
-
-@dataclass(eq=False, slots=True)
-class Execution:
-    """One admitted execution: what the cancel route needs to stop it."""
-
-    build_id: str | None
-    cancel: asyncio.Event = field(default_factory=asyncio.Event)
-    stoppable: bool = True
-    """False once a cancel would stop nothing (a pull run delivering its finished bundle)."""
 
 
 @dataclass(slots=True)

@@ -15,8 +15,7 @@ import pytest
 from kernel_worker.cancellation import cancel_and_wait, unless_cancelled
 from kernel_worker.errors import Cancelled
 from kernel_worker.execution import RUN_DIR_PREFIX, RunDir
-from kernel_worker.jobs import Job, JobQueue, JobResult, JobState
-from kernel_worker.state import Execution
+from kernel_worker.jobs import Execution, Job, JobQueue, JobResult, JobState
 
 
 async def _bounded(seconds: float, check: object) -> None:
