@@ -6,13 +6,11 @@ import argparse
 import asyncio
 import ctypes
 import logging
-import math
 import os
 import pwd
 import re
 import sys
-from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kernel_pool import RecyclePolicy
@@ -20,6 +18,7 @@ from kernel_pool import RecyclePolicy
 from . import logs
 from .kernel_env import ALLOWLIST_ENV_VAR, parse_allowlist
 from .mount_cache import MountCache
+from .options import GROUPS, OPTIONS
 from .settings import (
     DEFAULT_PORT,
     Settings,
@@ -27,335 +26,8 @@ from .settings import (
     allowed_hosts_from_env,
     default_run_root,
     max_input_bytes_from_env,
-    parse_gpu_slots,
-    parse_size,
     prepare_run_root,
 )
-
-ENV_PREFIX = "STRATA_KERNEL_WORKER_"
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (0-65535), got {value}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _size_or_zero(text: str) -> int:
-    return 0 if text.strip() == "0" else _size(text)
-
-
-def _slots(text: str) -> tuple[str, ...]:
-    try:
-        return parse_gpu_slots(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    value = float(text)
-    if not (value >= 0 and math.isfinite(value)):  # refuses nan and inf too
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, 0 or more, got {text}")
-    return value
-
-
-_LOG_LEVELS = ("debug", "info", "warning", "error")
-
-
-def _log_level(text: str) -> str:
-    value = text.strip().lower()
-    if value not in _LOG_LEVELS:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(_LOG_LEVELS)}, got {text}")
-    return value
-
-
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not (value > 0 and math.isfinite(value)):  # refuses nan and inf too
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _compresslevel(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 9:
-        raise argparse.ArgumentTypeError("must be 0 (stored) to 9")
-    return value
-
-
-# flag, environment variable, type, help
-_OPTIONS: list[tuple[str, str, Callable[[str], Any], str]] = [
-    (
-        "--host",
-        f"{ENV_PREFIX}HOST",
-        str,
-        "address to bind (default 127.0.0.1; 0.0.0.0 when a token is set)",
-    ),
-    ("--port", f"{ENV_PREFIX}PORT", _port, f"port to bind (default {DEFAULT_PORT})"),
-    (
-        "--connect",
-        f"{ENV_PREFIX}CONNECT",
-        str,
-        "bind no port: dial out to the relay at this ws:// or wss:// URL and serve the requests "
-        "it forwards, redialling with backoff; the relay's token is read from "
-        "STRATA_WORKER_CONNECT_TOKEN (--host and --port are then unused)",
-    ),
-    (
-        "--pool-size",
-        f"{ENV_PREFIX}POOL_SIZE",
-        _positive_int,
-        "kernels that run cells at once (default 2)",
-    ),
-    (
-        "--spares",
-        f"{ENV_PREFIX}SPARES",
-        _non_negative_int,
-        "extra warm kernels so a restart never makes a request wait (default 0)",
-    ),
-    (
-        "--kernel-user",
-        f"{ENV_PREFIX}KERNEL_USER",
-        str,
-        "when the worker runs as root: a uid range FIRST-LAST gives each kernel a uid of "
-        "its own (kernels cannot reach the worker or one another; no passwd entries "
-        "needed), a user name runs every kernel as that one user",
-    ),
-    (
-        "--kernel-name",
-        f"{ENV_PREFIX}KERNEL_NAME",
-        str,
-        "Jupyter kernelspec to run (default: ipykernel of this Python)",
-    ),
-    (
-        "--kernel-start",
-        f"{ENV_PREFIX}KERNEL_START",
-        str,
-        "'fork' kernels from a process with ipykernel imported (default; ipykernel of this "
-        "Python only) or 'spawn' each from a new interpreter",
-    ),
-    (
-        "--preload",
-        f"{ENV_PREFIX}PRELOAD",
-        str,
-        "Python file run once, in the template every kernel is forked from (imports, "
-        "models; plain Python, no threads, sockets or GPU); its names are in every kernel",
-    ),
-    (
-        "--kernel-init",
-        f"{ENV_PREFIX}KERNEL_INIT",
-        str,
-        "Python file run in each kernel at start, as a cell, after the fork: what cannot be "
-        "forked (a GPU context, threads, connections); its names stay warm too",
-    ),
-    (
-        "--kernel-start-timeout",
-        f"{ENV_PREFIX}KERNEL_START_TIMEOUT",
-        _positive_seconds,
-        "seconds a kernel may take to start, its preload included (default 600)",
-    ),
-    (
-        "--recycle",
-        f"{ENV_PREFIX}RECYCLE",
-        str,
-        "after a cell: 'reset' the kernel to its warm baseline (default) or use a 'fresh' one",
-    ),
-    (
-        "--max-uses",
-        f"{ENV_PREFIX}MAX_USES",
-        _positive_int,
-        "restart a kernel after this many cells (default: never)",
-    ),
-    (
-        "--max-kernel-memory",
-        f"{ENV_PREFIX}MAX_KERNEL_MEMORY",
-        _size,
-        "restart a kernel whose memory exceeds this after a cell, e.g. 4G (default: no limit)",
-    ),
-    (
-        "--gpu-slots",
-        "STRATA_WORKER_GPU_SLOTS",
-        _slots,
-        "GPUs to pin kernels to: a count N (ids 0..N-1) or a list like 0,2 (default: none)",
-    ),
-    (
-        "--timeout-status",
-        f"{ENV_PREFIX}TIMEOUT_STATUS",
-        int,
-        "HTTP status for a cell that times out: 408 (what Strata expects, default) or 504",
-    ),
-    (
-        "--queue-wait",
-        f"{ENV_PREFIX}QUEUE_WAIT",
-        _seconds,
-        "seconds a request waits inline for a kernel; then it is answered 202 with a job "
-        "URL to poll (default 2)",
-    ),
-    (
-        "--queue-depth",
-        f"{ENV_PREFIX}QUEUE_DEPTH",
-        _non_negative_int,
-        "executions that may wait for a kernel; more get 503 + Retry-After (default 32)",
-    ),
-    (
-        "--max-concurrent",
-        "STRATA_WORKER_MAX_CONCURRENT",
-        _positive_int,
-        "executions admitted at once, running or waiting for a kernel; more get 503 + "
-        "Retry-After (default: no cap but --queue-depth on those waiting)",
-    ),
-    (
-        "--body-timeout",
-        f"{ENV_PREFIX}BODY_TIMEOUT",
-        _positive_seconds,
-        "seconds an upload may send nothing before it is answered 408 and what it sent is "
-        "removed (default 60)",
-    ),
-    (
-        "--max-uploads",
-        f"{ENV_PREFIX}MAX_UPLOADS",
-        _positive_int,
-        "push-model request bodies received at once; more get 503 + Retry-After (default 16)",
-    ),
-    (
-        "--header-timeout",
-        f"{ENV_PREFIX}HEADER_TIMEOUT",
-        _positive_seconds,
-        "seconds a connection may take to send a request's headers, from its first byte "
-        "(from the connection, for its first request); then it is closed (default 10)",
-    ),
-    (
-        "--max-connections",
-        f"{ENV_PREFIX}MAX_CONNECTIONS",
-        _positive_int,
-        "connections open at once; one more closes the one idle longest, or is answered 503 "
-        "when every one has a request in flight (default 1024)",
-    ),
-    (
-        "--send-timeout",
-        f"{ENV_PREFIX}SEND_TIMEOUT",
-        _positive_seconds,
-        "seconds a client may read nothing of an answer being sent; then the connection is "
-        "closed and what the answer held is freed (default 60)",
-    ),
-    (
-        "--job-ttl",
-        f"{ENV_PREFIX}JOB_TTL",
-        _seconds,
-        "seconds a finished job's result is kept for its poller (default 600)",
-    ),
-    (
-        "--console-cap",
-        f"{ENV_PREFIX}CONSOLE_CAP",
-        _size,
-        "characters of stdout/stderr kept per stream (default 16M)",
-    ),
-    (
-        "--max-folder-input-bytes",
-        f"{ENV_PREFIX}MAX_FOLDER_INPUT_BYTES",
-        _size,
-        "bytes a folder input (dir/tar) may unpack to, checked as it unpacks; past it the "
-        "cell fails naming the cap (default: the input cap, STRATA_WORKER_MAX_INPUT_BYTES)",
-    ),
-    (
-        "--max-folder-input-entries",
-        f"{ENV_PREFIX}MAX_FOLDER_INPUT_ENTRIES",
-        _positive_int,
-        "files, folders and links a folder input (dir/tar) may unpack to (default 50000)",
-    ),
-    (
-        "--max-display-bytes",
-        f"{ENV_PREFIX}MAX_DISPLAY_BYTES",
-        _size,
-        "bytes of one display, all its formats together; a larger one is dropped and a note "
-        "says so (default 64M)",
-    ),
-    (
-        "--max-run-display-bytes",
-        f"{ENV_PREFIX}MAX_RUN_DISPLAY_BYTES",
-        _size,
-        "bytes of all the displays a run keeps; a display past it is dropped and a note says "
-        "so (default 256M)",
-    ),
-    (
-        "--max-output-dir-files",
-        f"{ENV_PREFIX}MAX_OUTPUT_DIR_FILES",
-        _positive_int,
-        "files a run's # @output_dir folders return, all folders together; the rest are left "
-        "out and the answer says so (default 10000)",
-    ),
-    (
-        "--file-reuse-bytes",
-        f"{ENV_PREFIX}FILE_REUSE_BYTES",
-        _size_or_zero,
-        "on a memory filesystem, large files of finished runs kept (up to this many bytes, "
-        "for 60 s) so later large inputs and outputs are written over their pages instead "
-        "of new ones (default 256M; 0: off; always off with --kernel-user)",
-    ),
-    (
-        "--bundle-compresslevel",
-        f"{ENV_PREFIX}BUNDLE_COMPRESSLEVEL",
-        _compresslevel,
-        "gzip level of result bundles, 0 (stored) to 9 (default: 2 or stored, chosen per "
-        "bundle by whether its largest output compresses)",
-    ),
-    (
-        "--run-dir",
-        f"{ENV_PREFIX}RUN_DIR",
-        Path,
-        "where per-request directories are made (default: /dev/shm when it is a tmpfs with "
-        "2 GiB free, else the system temp dir)",
-    ),
-    (
-        "--log-level",
-        f"{ENV_PREFIX}LOG_LEVEL",
-        _log_level,
-        "debug, info (default), warning or error",
-    ),
-    ("--log-format", f"{ENV_PREFIX}LOG_FORMAT", str, "'text' (default) or 'json' (JSON lines)"),
-    (
-        "--drain-seconds",
-        f"{ENV_PREFIX}DRAIN_SECONDS",
-        _seconds,
-        "on SIGTERM, how long executions in flight may finish while new ones get 503 (default 30)",
-    ),
-    (
-        "--heartbeat-seconds",
-        "STRATA_WORKER_HEARTBEAT_SECONDS",
-        _positive_seconds,
-        "POST /execute (strata-pool): an answer not ready within this interval is sent as a "
-        "200 that streams a space every interval, then the status and body in JSON (default: "
-        "off)",
-    ),
-    (
-        "--metrics-port",
-        f"{ENV_PREFIX}METRICS_PORT",
-        _port,
-        "also serve Prometheus /metrics without a token on this port (default: only the "
-        "token-gated /metrics route)",
-    ),
-]
 
 
 def _poll_seconds(environ: Mapping[str, str]) -> float:
@@ -379,9 +51,11 @@ def build_parser() -> argparse.ArgumentParser:
             "CELL.py [--input NAME=PATH] [--out DIR] (see strata-kernel-worker run --help)."
         ),
     )
-    for flag, env, kind, text in _OPTIONS:
-        parser.add_argument(flag, type=kind, default=None, help=f"{text} [env {env}]")
-    parser.set_defaults(_env={flag: env for flag, env, _, _ in _OPTIONS})
+    for title, group in GROUPS:
+        section = parser.add_argument_group(title.lower())
+        for option in group:
+            text = f"{option.help} [env {option.env}]"
+            section.add_argument(option.flag, type=option.parse, default=None, help=text)
     return parser
 
 
@@ -389,12 +63,12 @@ def settings_from(argv: Sequence[str] | None, environ: Mapping[str, str]) -> Set
     parser = build_parser()
     args = parser.parse_args(argv)
     values: dict[str, Any] = {}
-    for flag, env, kind, _ in _OPTIONS:
-        dest = flag[2:].replace("-", "_")
+    for option in OPTIONS:
+        dest, env = option.dest, option.env
         value = getattr(args, dest)
         if value is None and environ.get(env, "").strip():
             try:
-                value = kind(environ[env].strip())
+                value = option.parse(environ[env].strip())
             except (ValueError, argparse.ArgumentTypeError) as exc:
                 parser.error(f"{env}: {exc}")
         if value is not None:

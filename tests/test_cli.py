@@ -173,17 +173,6 @@ def test_a_metrics_port_in_use_stops_startup_with_one_line() -> None:
     assert f"--metrics-port {port}: Address already in use" in stderr, stderr
 
 
-def test_readme_documents_every_flag_and_its_environment_variable() -> None:
-    from pathlib import Path
-
-    from kernel_worker.cli import _OPTIONS
-
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    for flag, env, _, _ in _OPTIONS:
-        assert f"`{flag}`" in readme, flag
-        assert f"`{env}`" in readme, env
-
-
 def test_a_port_in_use_stops_the_worker_before_any_kernel_starts() -> None:
     import socket
 
