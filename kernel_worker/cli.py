@@ -17,7 +17,7 @@ from kernel_pool import RecyclePolicy
 
 from . import logs
 from .kernel_env import ALLOWLIST_ENV_VAR, parse_allowlist
-from .mount_cache import MountCache
+from .mounts.cache import MountCache
 from .options import GROUPS, OPTIONS
 from .settings import (
     DEFAULT_PORT,
@@ -193,11 +193,11 @@ STRATA_PYTHON = (3, 12)
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["run"]:  # `strata-kernel-worker run CELL.py …`: the client, not the server
-        from .client_cli import main as run_cell
+        from .client.cli import main as run_cell
 
         raise SystemExit(run_cell(args[1:]))
-    from .app import create_app
-    from .server import bind, serve
+    from .http.app import create_app
+    from .http.server import bind, serve
 
     settings = settings_from(argv, os.environ)
     keep_transfer_buffers()
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     app = create_app(settings)
     if settings.connect is not None:
-        from .relay import run_connected
+        from .http.relay import run_connected
 
         raise SystemExit(
             asyncio.run(

@@ -26,16 +26,19 @@ from typing import Any, ParamSpec, TypeVar
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease
 
-from . import display_limits, output_dirs, run_files, run_layout
 from .agent.display_files import EXTENSIONS
-from .bundle import CellOutcome, MimeDisplay
-from .display_limits import JupyterDisplay
-from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, storage_checked
-from .file_reuse import ReusableFiles
-from .limits import RunLimits
-from .messages import ConsoleListener as ConsoleListener  # (service, transfers import it here)
-from .messages import OutputReducer
+from .protocol.bundle import CellOutcome, MimeDisplay
+from .protocol.envelopes import CellRequest
+from .runs import displays as display_limits
+from .runs import files as run_files
+from .runs import layout as run_layout
+from .runs import output_dirs
+from .runs.displays import JupyterDisplay
+from .runs.limits import RunLimits
+from .runs.messages import ConsoleListener as ConsoleListener  # (service, transfers import it here)
+from .runs.messages import OutputReducer
+from .runs.reuse import ReusableFiles
 
 log = logging.getLogger(__name__)
 _P = ParamSpec("_P")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from .cancellation import cancel_and_wait
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .execution import RunDir
-from .streaming import BundleStream
+from .protocol.streaming import BundleStream
 
 log = logging.getLogger(__name__)
 

@@ -19,17 +19,17 @@ from zlib_ng import zlib_ng
 
 from kernel_pool import PoolClosed
 
-from . import run_files
-from .bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
 from .cancellation import unless_cancelled
-from .envelopes import CellRequest
 from .errors import CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
 from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
-from .file_reuse import ReusableFiles, new_file
 from .jobs import Execution, Job, JobResult
-from .mounts import materialize, sync_back
+from .mounts.materialize import materialize, sync_back
+from .protocol.bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
+from .protocol.envelopes import CellRequest
+from .protocol.streaming import BundleStream
+from .runs import files as run_files
+from .runs.reuse import ReusableFiles, new_file
 from .state import WorkerState
-from .streaming import BundleStream
 
 log = logging.getLogger(__name__)
 

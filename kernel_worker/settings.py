@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from kernel_pool import RecyclePolicy
 
-from .limits import (
+from .runs.limits import (
     DEFAULT_MAX_DISPLAY_BYTES,
     DEFAULT_MAX_FOLDER_INPUT_ENTRIES,
     DEFAULT_MAX_OUTPUT_DIR_FILES,

@@ -19,9 +19,9 @@ from .jobs import Execution, JobQueue
 from .settings import Settings
 
 if TYPE_CHECKING:
-    from .file_reuse import ReusableFiles
     from .metrics import WorkerMetrics
-    from .mount_cache import MountCache
+    from .mounts.cache import MountCache
+    from .runs.reuse import ReusableFiles
 
 
 @dataclass(slots=True)

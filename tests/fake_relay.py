@@ -2,7 +2,7 @@
 
 The worker dials it; tests send HTTP requests through it with an httpx transport
 (:meth:`FakeRelay.client`), so the usual wire helpers work unchanged. It speaks the relay
-side of ``strata-worker-connect.v1`` (see kernel_worker/relay.py), refuses handshakes on
+side of ``strata-worker-connect.v1`` (see kernel_worker/http/relay.py), refuses handshakes on
 demand, can drop the worker's socket, and records the handshakes and the largest message
 the worker sent. A response the caller stops reading early (or a read timeout) is sent to
 the worker as an ``abort``, as a relay does when its client hangs up.

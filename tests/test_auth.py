@@ -7,7 +7,6 @@ import json
 
 import pytest
 
-from kernel_worker.auth import SECRET_ENV_VARS, check_bearer, scrub_secrets
 from kernel_worker.errors import (
     BadRequest,
     CellTimedOut,
@@ -20,6 +19,7 @@ from kernel_worker.errors import (
     error_response,
     status_for,
 )
+from kernel_worker.http.auth import SECRET_ENV_VARS, check_bearer, scrub_secrets
 
 MALFORMED = "Missing or malformed Authorization header (expected Bearer token)"
 WRONG = "Invalid worker token"

@@ -52,7 +52,7 @@ def test_records_are_split_by_process_even_when_a_command_line_spans_lines() -> 
         (f"{STDLIB}/asyncio/selector_events.py", "stdlib:asyncio"),
         (f"{STDLIB}/json/__init__.py", "stdlib:json"),
         (f"{STDLIB}/selectors.py", "stdlib:selectors"),
-        ("/src/project/kernel_worker/app.py", "kernel_worker"),
+        ("/src/project/kernel_worker/http/app.py", "kernel_worker"),
         ("/src/project/kernel_pool/pool.py", "kernel_pool"),
         ("<kernel_pool agent>", "agent"),
         ("<strata_kernel_agent.codecs>", "agent"),

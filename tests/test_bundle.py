@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kernel_worker.bundle import (
+from kernel_worker.protocol.bundle import (
     CellOutcome,
     MimeDisplay,
     build_manifest,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from kernel_worker.bundle import CellOutcome, MimeDisplay, write_bundle
+from kernel_worker.protocol.bundle import CellOutcome, MimeDisplay, write_bundle
 
 INTEROP_PYTHON = os.environ.get("STRATA_INTEROP_PYTHON")
 SCRIPT = Path(__file__).parent / "interop" / "reference_bundle_check.py"

@@ -221,7 +221,7 @@ def test_the_open_file_limit_is_raised_to_fit_the_connections(hard: int, fits: i
         pytest.skip(f"this machine's hard open-file limit is under {hard}")
     code = (
         "import resource\n"
-        "from kernel_worker.connections import fit_open_files\n"
+        "from kernel_worker.http.connections import fit_open_files\n"
         f"resource.setrlimit(resource.RLIMIT_NOFILE, (256, {hard}))\n"
         "print(fit_open_files(1024), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
     )

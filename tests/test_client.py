@@ -1,4 +1,4 @@
-"""``kernel_worker.client`` and ``strata-kernel-worker run`` against real workers over HTTP."""
+"""``kernel_worker.client.session`` and ``strata-kernel-worker run`` against real workers over HTTP."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kernel_worker.client import (
+from kernel_worker.client.session import (
     AsyncClient,
     CellError,
     CellResult,

@@ -15,10 +15,15 @@ from pathlib import Path
 import pytest
 
 from kernel_pool import STREAM_DROPPED_MSG_TYPE, Output
-from kernel_worker import console
-from kernel_worker.bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
-from kernel_worker.console import ConsoleBuffer, ConsoleText, truncation_marker
-from kernel_worker.messages import OutputReducer
+from kernel_worker.protocol.bundle import (
+    CellOutcome,
+    bundle_bytes,
+    stored_bundle_length,
+    write_bundle,
+)
+from kernel_worker.runs import console
+from kernel_worker.runs.console import ConsoleBuffer, ConsoleText, truncation_marker
+from kernel_worker.runs.messages import OutputReducer
 
 # text that escapes and encodes every way there is: multi-byte and astral characters, a
 # lone surrogate (written as "?"), quotes, backslashes, control and line separator characters

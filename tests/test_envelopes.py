@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kernel_worker.envelopes import (
+from kernel_worker.errors import BadRequest
+from kernel_worker.protocol.envelopes import (
     CellRequest,
     InjectedSpec,
     InputSpec,
@@ -15,7 +16,6 @@ from kernel_worker.envelopes import (
     parse_execute_v1,
     parse_notebook_execute,
 )
-from kernel_worker.errors import BadRequest
 
 
 def v1(*, params: dict[str, Any] | None = None, inputs: Any = None, **top: Any) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from kernel_worker.errors import BadRequest
-from kernel_worker.fastpath import FastPath
+from kernel_worker.http.fastpath import FastPath
 
 TOKEN = "s3cret"
 

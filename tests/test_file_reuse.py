@@ -22,7 +22,7 @@ import pytest
 
 from kernel_worker.agent import arrow_codec
 from kernel_worker.execution import sweep_stale_run_dirs
-from kernel_worker.file_reuse import (
+from kernel_worker.runs.reuse import (
     MIN_FILE_BYTES,
     ReusableFiles,
     keep_and_remove,

@@ -131,7 +131,7 @@ def test_a_worker_refuses_an_allowlist_it_cannot_read() -> None:
 def test_an_app_built_without_the_cli_reads_the_allowlist_too(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    from kernel_worker.app import create_app
+    from kernel_worker.http.app import create_app
     from kernel_worker.settings import Settings
 
     monkeypatch.setenv("STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST", "KEEP_ME")

@@ -17,13 +17,13 @@ from pathlib import Path
 import fsspec  # type: ignore[import-untyped]
 import pytest
 
-from kernel_worker import mounts
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
-from kernel_worker.mount_cache import MountCache, Placement, Stopped
-from kernel_worker.mount_pins import PinnedListings, pin_key
-from kernel_worker.mount_probe import cached_bytes
-from kernel_worker.mount_specs import MountSpec, parse_mounts
-from kernel_worker.mounts import MaterializedMounts, materialize, sync_back
+from kernel_worker.mounts import materialize as mounts
+from kernel_worker.mounts.cache import MountCache, Placement, Stopped
+from kernel_worker.mounts.materialize import MaterializedMounts, materialize, sync_back
+from kernel_worker.mounts.pins import PinnedListings, pin_key
+from kernel_worker.mounts.probe import cached_bytes
+from kernel_worker.mounts.specs import MountSpec, parse_mounts
 from tests.s3_server import ACCESS_KEY, REGION, SECRET_KEY, S3Server, _free_port
 
 OBJECTS = {

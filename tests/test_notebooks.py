@@ -29,7 +29,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from traitlets.config import Config
 
-from kernel_worker.client import CellResult, Client, EncodedInput
+from kernel_worker.client.session import CellResult, Client, EncodedInput
 
 from .conftest import ROOT, WorkerProcess, start_worker
 

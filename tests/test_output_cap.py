@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from kernel_pool import STREAM_DROPPED_MSG_TYPE, Pool, PoolConfig
-from kernel_worker.console import truncation_marker
+from kernel_worker.runs.console import truncation_marker
 
 from .conftest import WorkerProcess, start_worker
 from .test_pool import stdout_of

@@ -8,8 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_worker import output_dirs, run_files
-from kernel_worker.output_stream import OutputDirStreamer
+from kernel_worker.pull.output_stream import OutputDirStreamer
+from kernel_worker.runs import files as run_files
+from kernel_worker.runs import output_dirs
 
 from .fake_store import FakeStore
 

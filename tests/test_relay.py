@@ -28,7 +28,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from kernel_worker.cli import settings_from
-from kernel_worker.relay import RelayRefused, serve_relay
+from kernel_worker.http.relay import RelayRefused, serve_relay
 from tests.conftest import WorkerProcess, wait_gone
 from tests.fake_relay import MAX_PAYLOAD_BYTES, FakeRelay
 from tests.wire import execute, run_ok

@@ -12,9 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_worker import run_files, service
+from kernel_worker import service
 from kernel_worker.execution import RunDir
-from kernel_worker.output_stream import OutputDirStreamer
+from kernel_worker.pull.output_stream import OutputDirStreamer
+from kernel_worker.runs import files as run_files
 
 from .fake_store import FakeStore
 from .test_bundle import outcome

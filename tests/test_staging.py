@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from kernel_worker import staging
-from kernel_worker.envelopes import parse_execute_v1
 from kernel_worker.errors import BadRequest, PayloadTooLarge
-from kernel_worker.staging import StagedForm, bind_inputs, stage_multipart
+from kernel_worker.http import staging
+from kernel_worker.http.staging import StagedForm, bind_inputs, stage_multipart
+from kernel_worker.protocol.envelopes import parse_execute_v1
 
 METADATA = json.dumps({"transform": {"ref": "notebook_cell@v1"}}).encode()
 FileSpec = tuple[str, tuple[str, bytes, str]]

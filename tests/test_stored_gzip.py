@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_worker.stored_gzip import DeflatingGzipWriter, StoredGzipWriter, stored_length
+from kernel_worker.protocol.stored_gzip import DeflatingGzipWriter, StoredGzipWriter, stored_length
 
 
 def written(chunks: list[bytes]) -> bytes:

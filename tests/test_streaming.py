@@ -14,7 +14,7 @@ import httpx
 import pyarrow as pa
 import pytest
 
-from kernel_worker.streaming import BundleStream
+from kernel_worker.protocol.streaming import BundleStream
 
 from .conftest import WorkerProcess, start_worker
 from .wire import first_block_stored, read_bundle, run_ok, v1_metadata

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kernel_worker.tarwriter import TarWriter
+from kernel_worker.protocol.tarwriter import TarWriter
 
 # (kind, name, payload): kind "bytes" (add_bytes) or "file" (add_file)
 Member = tuple[str, str, bytes]

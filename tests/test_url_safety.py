@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from kernel_worker.errors import BadRequest
-from kernel_worker.url_safety import (
+from kernel_worker.pull.url_safety import (
     PinnedBackend,
     UrlGuard,
     UrlPolicy,

@@ -376,7 +376,7 @@ def write(value: object, path: Path) -> dict[str, object]:
 
 
 # --- Writing over a kept file ---------------------------------------------------------
-# The worker keeps large files of finished runs (kernel_worker.file_reuse) and offers them in
+# The worker keeps large files of finished runs (kernel_worker.runs.reuse) and offers them in
 # each run's plan: on a memory filesystem, writing over a file's pages costs about half of
 # allocating new ones. The rename decides who gets a file the worker also reaches for.
 

@@ -67,7 +67,8 @@ OPTIONS: tuple[Option, ...] = (
             "Python file run **once**, in the template every kernel is forked from: its names are"
             " in every kernel, its objects' memory is shared. Plain Python: no threads, sockets, "
             "open files or GPU context may be left (see [Preloading "
-            "models](kernels.md#preloading-models-template-and-per-kernel-stage)). Spawned kernels run it "
+            "models](kernels.md#preloading-models-template-and-per-kernel-stage)). "
+            "Spawned kernels run it "
             "each. A failing preload stops start-up with its error."
         ),
     ),

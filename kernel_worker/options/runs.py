@@ -79,7 +79,8 @@ OPTIONS: tuple[Option, ...] = (
         default="`64M`",
         details=(
             "Bytes of one display, all its formats together. A larger one is dropped: a marker "
-            "takes its place in both display views (see [The output bundle](protocol.md#the-output-bundle))."
+            "takes its place in both display views (see "
+            "[The output bundle](protocol.md#the-output-bundle))."
         ),
     ),
     Option(

@@ -43,7 +43,8 @@ OPTIONS: tuple[Option, ...] = (
         default="none",
         details=(
             "Bind no port: dial out to a relay at this `ws://` or `wss://` URL and serve the "
-            "requests it forwards. See [Behind NAT: `--connect`](operations.md#behind-nat---connect)."
+            "requests it forwards. See "
+            "[Behind NAT: `--connect`](operations.md#behind-nat---connect)."
         ),
     ),
     Option(
