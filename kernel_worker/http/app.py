@@ -38,7 +38,9 @@ from ..settings import Settings, memory_backed, prepare_run_root
 from ..state import WorkerState
 from .auth import scrub_secrets
 from .fastpath import FastPath
-from .routes import OPENAPI_COMPONENTS, execute_v1, notebook_execute, router
+from .health import router as health_router
+from .openapi import OPENAPI_COMPONENTS
+from .routes import execute_v1, notebook_execute, router
 
 log = logging.getLogger(__name__)
 
@@ -223,6 +225,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.worker = state
+    app.include_router(health_router)
     app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)

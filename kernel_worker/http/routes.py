@@ -1,4 +1,5 @@
-"""HTTP routes: health and the push-model execute endpoints."""
+"""The protocol's routes: the push and pull execute endpoints, job polls, cancel and the
+mount-cache probe. The probes and metrics are in :mod:`.health`."""
 
 from __future__ import annotations
 
@@ -6,17 +7,14 @@ import asyncio
 import logging
 import shutil
 import time
-from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import APIRouter, Depends, Request
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 from starlette.responses import JSONResponse, Response
 
-from .. import __version__
 from ..errors import (
     BadRequest,
     BodyStalled,
@@ -30,6 +28,7 @@ from ..execution import SMALL_IO_BYTES, RunDir, offload
 from ..jobs import Job
 from ..mounts.probe import cached_bytes
 from ..protocol.envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
+from ..protocol.names import BUNDLE_HEADERS
 from ..protocol.streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
 from ..pull.manifest import submit_manifest
 from ..pull.transfers import declared_length
@@ -37,6 +36,7 @@ from ..runs.reuse import MIN_FILE_BYTES, keep_and_remove
 from ..service import submit
 from .auth import check_bearer
 from .heartbeat import HeartbeatResponse, ended_within
+from .openapi import EXECUTE_RESPONSES, MANIFEST_BODY, multipart_body
 from .staging import bind_inputs, stage_multipart
 
 if TYPE_CHECKING:
@@ -44,17 +44,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-EXECUTOR_PROTOCOL = "v1"
-NOTEBOOK_PROTOCOL = "notebook-cell-v1"
-TRANSFORM_REF = "notebook_cell@v1"
-OUTPUT_FORMAT = "notebook-output-bundle@v1"
-BUNDLE_HEADERS = {
-    "X-Strata-Executor-Protocol": EXECUTOR_PROTOCOL,
-    "X-Strata-Notebook-Executor-Protocol": NOTEBOOK_PROTOCOL,
-    "X-Strata-Output-Format": OUTPUT_FORMAT,
-}
-
 
 def _state(request: Request) -> WorkerState:
     state: WorkerState = request.app.state.worker
@@ -69,201 +58,10 @@ async def require_token(request: Request) -> None:
 router = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_token)])
 
-OPENAPI_COMPONENTS: dict[str, Any] = {
-    "Error": {
-        "type": "object",
-        "required": ["detail"],
-        "properties": {
-            "detail": {"type": "string"},
-            "success": {"type": "boolean"},
-            "error": {"type": "string"},
-        },
-    },
-    "JobAccepted": {
-        "type": "object",
-        "required": ["job_url", "state"],
-        "properties": {
-            "job_url": {"type": "string"},
-            "state": {"type": "string", "enum": ["queued", "running"]},
-            "position": {"type": "integer"},
-        },
-    },
-}
-_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
-_BUNDLE = {
-    "description": "The output bundle (gzipped tar; a cell that raised has success: false)",
-    "content": {"application/x-tar": {"schema": {"type": "string", "format": "binary"}}},
-}
-_ACCEPTED = {
-    "description": "Every kernel is busy: poll job_url",
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/JobAccepted"}}},
-}
-_EXECUTE_RESPONSES: dict[int | str, dict[str, Any]] = {
-    200: _BUNDLE,
-    202: _ACCEPTED,
-    400: {"description": "Malformed envelope, descriptor, part or name", **_ERROR},
-    401: {"description": "Token missing or wrong", **_ERROR},
-    408: {"description": "The cell exceeded timeout_seconds (504 with --timeout-status 504)"},
-    409: {"description": "Cancelled", **_ERROR},
-    413: {"description": "An input exceeds STRATA_WORKER_MAX_INPUT_BYTES", **_ERROR},
-    502: {"description": "The kernel died during the cell", **_ERROR},
-    503: {"description": "The queue is full (Retry-After)", **_ERROR},
-}
-
-
-def _multipart_body(envelope: str) -> dict[str, Any]:
-    """The OpenAPI request body of a push route: a metadata file part plus input parts."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {
-                "multipart/form-data": {
-                    "schema": {
-                        "type": "object",
-                        "required": ["metadata"],
-                        "properties": {
-                            "metadata": {
-                                "type": "string",
-                                "format": "binary",
-                                "description": f"A JSON file part: the {envelope} envelope",
-                            }
-                        },
-                        "additionalProperties": {
-                            "type": "string",
-                            "format": "binary",
-                            "description": "One file part per input, named by its file name "
-                            "(e.g. df.arrow) or its variable name",
-                        },
-                    }
-                }
-            },
-        }
-    }
-
-
-_MANIFEST_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "type": "object",
-                    "required": ["metadata", "inputs", "output", "finalize_url"],
-                    "properties": {
-                        "build_id": {"type": "string"},
-                        "metadata": {"type": "object"},
-                        "inputs": {"type": "array", "items": {"type": "object"}},
-                        "output": {"type": "object"},
-                        "finalize_url": {"type": "string"},
-                        "log_url": {"type": "string"},
-                        "output_file_url": {"type": "string"},
-                    },
-                }
-            }
-        },
-    }
-}
-
-
-def _warm_kernels(kernels: Mapping[str, int]) -> int:
-    return sum(kernels.get(state, 0) for state in ("idle", "busy", "resetting"))
-
-
-@router.get("/health")
-async def health(request: Request) -> JSONResponse:
-    """Liveness and capabilities: 200 while the worker can take cells, that is while a kernel
-    is warm or one is on its way (a replacement starting after a timeout, the pool warming
-    up: cells wait for it). Strata's client refuses a cell that needs a feature when this
-    is not 200, so it must not flicker while a kernel is replaced; ``/ready`` is the probe
-    that wants a warm kernel. 503 only while draining, or with no kernel warm or starting
-    (every start failing)."""
-    state = _state(request)
-    stats = state.pool.stats()
-    kernels = stats.kernels_by_state
-    serving = _warm_kernels(kernels) + kernels.get("starting", 0) > 0
-    slots = state.settings.gpu_slots
-    body: dict[str, Any] = {
-        "status": "healthy" if serving else "unhealthy",
-        "capabilities": {
-            "protocol_versions": [EXECUTOR_PROTOCOL],
-            "transform_refs": [TRANSFORM_REF],
-            "features": _features(),
-            "limits": {
-                "max_input_bytes": state.settings.max_input_bytes,
-                "console_cap": state.settings.console_cap,
-                **state.context.limits.described(),
-            },
-        },
-        "version": __version__,
-        "uptime_seconds": round(time.monotonic() - state.started_at, 3),
-        "launch_id": state.settings.launch_id,
-        "active_executions": state.active_executions,
-        "queue_depth": state.jobs.queued,
-        "max_concurrent": state.settings.max_concurrent or state.settings.pool_size,
-        "active_uploads": state.uploads,
-        "max_uploads": state.settings.max_uploads,
-        "gpu_slots": len(slots) if slots else None,
-        "free_gpu_slots": _free_slots(state) if slots else None,
-        "hardware": dict(state.context.hardware),
-        "pool": {
-            "size": stats.size,
-            "spares": stats.spares,
-            "kernels": dict(stats.kernels_by_state),
-            "leases_served": stats.leases_served,
-            "retirements": dict(stats.retirements),
-            "start_failures": stats.start_failures,
-            "recycle": state.settings.recycle.value,
-            "memory": state.pool.memory().as_dict(),
-        },
-    }
-    if state.draining:
-        body["status"] = "draining"
-    return JSONResponse(body, status_code=200 if serving and not state.draining else 503)
-
-
-@router.get("/ready")
-async def ready(request: Request) -> JSONResponse:
-    """Readiness (a load balancer's probe): 200 only while a warm kernel exists and the
-    worker is not draining, so traffic waits for the pool's warm-up."""
-    state = _state(request)
-    kernels = dict(state.pool.stats().kernels_by_state)
-    is_ready = _warm_kernels(kernels) > 0 and not state.draining
-    body = {"ready": is_ready, "draining": state.draining, "kernels": kernels}
-    return JSONResponse(body, status_code=200 if is_ready else 503)
-
-
-# HEAD for load balancers and uptime checks: the same answer without a body (uvicorn drops
-# it); kept out of the schema, where it would repeat the GET operations' ids
-router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=False)
-router.add_api_route("/ready", ready, methods=["HEAD"], include_in_schema=False)
-
-
-def _features() -> dict[str, object]:
-    """Advertise only what this worker implements."""
-    return {
-        "notebook_protocol_version": NOTEBOOK_PROTOCOL,
-        "output_format": OUTPUT_FORMAT,
-        "pull_model": True,
-        "cancel": True,
-        "output_dirs": True,
-        "folder_inputs": True,
-        "locked_environments": False,
-        "languages": ["python"],
-        "locked_r_environments": False,
-        "mount_cache_probe": True,
-    }
-
-
-def _free_slots(state: WorkerState) -> int:
-    """Slots no lease holds; an id listed twice (two kernels sharing a GPU) counts twice."""
-    busy = Counter(state.pool.stats().busy_slots)
-    return sum((Counter(state.settings.gpu_slots) - busy).values())
-
-
 @protected.post(
     "/v1/execute",
-    responses=_EXECUTE_RESPONSES,
-    openapi_extra=_multipart_body("executor-v1 (transform.ref notebook_cell@v1)"),
+    responses=EXECUTE_RESPONSES,
+    openapi_extra=multipart_body("executor-v1 (transform.ref notebook_cell@v1)"),
 )
 async def execute_v1(request: Request) -> Response:
     """Push model, executor-v1 envelope (the route the Strata client calls)."""
@@ -272,8 +70,8 @@ async def execute_v1(request: Request) -> Response:
 
 @protected.post(
     "/v1/notebook-execute",
-    responses=_EXECUTE_RESPONSES,
-    openapi_extra=_multipart_body("flat notebook-cell-v1"),
+    responses=EXECUTE_RESPONSES,
+    openapi_extra=multipart_body("flat notebook-cell-v1"),
 )
 async def notebook_execute(request: Request) -> Response:
     """Push model, the flat legacy envelope."""
@@ -481,14 +279,6 @@ async def mount_cache_probe(request: Request) -> JSONResponse:
     return JSONResponse({"cached_bytes": cached})
 
 
-@protected.get("/metrics")
-async def metrics(request: Request) -> Response:
-    """Prometheus metrics (behind the token gate when one is set)."""
-    registry = _state(request).metrics.registry
-    body = await asyncio.to_thread(generate_latest, registry)
-    return Response(body, media_type=CONTENT_TYPE_LATEST)
-
-
 @protected.post("/v1/executions/{build_id}/cancel")
 async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     """Stop an in-flight execution of ``build_id``; its kernel is retired."""
@@ -500,9 +290,9 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     "/v1/execute-manifest",
     responses={
         200: {"description": "Uploaded and finalized: success, build_id, byte_size, finalize"},
-        **{k: v for k, v in _EXECUTE_RESPONSES.items() if k != 200},
+        **{k: v for k, v in EXECUTE_RESPONSES.items() if k != 200},
     },
-    openapi_extra=_MANIFEST_BODY,
+    openapi_extra=MANIFEST_BODY,
 )
 async def execute_manifest(request: Request) -> Response:
     """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
@@ -510,7 +300,7 @@ async def execute_manifest(request: Request) -> Response:
     return await answer(request, state, await submit_manifest(state, _body(request)))
 
 
-@protected.post("/execute", openapi_extra=_MANIFEST_BODY)
+@protected.post("/execute", openapi_extra=MANIFEST_BODY)
 async def execute_pool_alias(request: Request) -> Response:
     """strata-pool's path to the pull model (it posts the manifest with no content type);
     with ``--heartbeat-seconds``, a long run's answer streams (see :mod:`.heartbeat`)."""
