@@ -170,9 +170,9 @@ def keep_transfer_buffers() -> bool:
     """Serve request-sized buffers from the heap instead of fresh pages (glibc only).
 
     A body arrives in 256 KiB reads that are copied a few times on their way to the run
-    directory. glibc gives each such buffer its own ``mmap`` and returns it on ``free``, so
-    every megabyte uploaded cost ~256 page faults (and the kernel zeroing those pages): a
-    fifth of the worker's CPU for a 10 MB input. Buffers up to 1 MiB now come from the heap,
+    directory. By default glibc gives each such buffer its own ``mmap`` and returns it on
+    ``free``: ~256 page faults per megabyte uploaded (and the kernel zeroing those pages), a
+    fifth of the worker's CPU for a 10 MB input. Here buffers up to 1 MiB come from the heap,
     and up to 32 MiB of freed heap is kept for the next request. Returns whether it applied.
     """
     try:
