@@ -1,54 +1,30 @@
-"""The deployment files parse, and their commands, flags and ports match the CLI."""
+"""The deployment files parse, and their commands, flags and ports match the CLI
+(deploy/kubernetes: tests/test_kubernetes_manifests.py)."""
 
 from __future__ import annotations
 
 import configparser
+import re
 import shlex
+import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.specifiers import SpecifierSet
 
+from kernel_pool.config import PoolConfig
 from kernel_worker.cli import build_parser, settings_from
+from kernel_worker.http.server import CLOSE_SECONDS
 
-DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy"
+#: after the drain: answers still being sent, then the pool's bounded shutdown (leases,
+#: resets and kills, kernel stops; see docs/deployment.md, "Shutdown and draining")
+SHUTDOWN_AFTER_DRAIN = CLOSE_SECONDS + 3 * PoolConfig().shutdown_timeout_seconds + 1
 
 
 def _flags_are_known(args: list[str]) -> None:
     settings_from(args, {})  # argparse exits on an unknown flag or a bad value
-
-
-def test_kubernetes_manifest() -> None:
-    docs = list(yaml.safe_load_all((DEPLOY / "kubernetes" / "worker.yaml").read_text()))
-    kinds = {doc["kind"]: doc for doc in docs}
-    assert set(kinds) == {"Deployment", "Service", "HorizontalPodAutoscaler"}
-    container = kinds["Deployment"]["spec"]["template"]["spec"]["containers"][0]
-    _flags_are_known(container["args"])
-    env = {e["name"]: e.get("value") for e in container["env"]}
-    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert int(env["STRATA_KERNEL_WORKER_PORT"]) == ports["http"]
-    assert container["args"][container["args"].index("--metrics-port") + 1] == str(ports["metrics"])
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
-    # liveness checks wait for start-up, which a preload may make last minutes
-    startup = container["startupProbe"]
-    assert startup["httpGet"]["path"] == "/health"
-    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600
-    pod = kinds["Deployment"]["spec"]["template"]["spec"]
-    assert pod["securityContext"]["runAsNonRoot"]
-    drain = settings_from(container["args"], {}).drain_seconds
-    assert pod["terminationGracePeriodSeconds"] > drain  # the drain ends before SIGKILL
-    settings = settings_from(container["args"], {})
-    kernels = settings.pool_size + settings.spares
-    assert settings.max_kernel_memory is not None
-    limit = _bytes(container["resources"]["limits"]["memory"])
-    assert limit > kernels * settings.max_kernel_memory  # the per-kernel cap acts first
-    metric = kinds["HorizontalPodAutoscaler"]["spec"]["metrics"][0]["pods"]["metric"]["name"]
-    assert metric == "strata_kernel_worker_active_executions"
-
-
-def _bytes(quantity: str) -> int:
-    units = {"Ki": 1024, "Mi": 1024**2, "Gi": 1024**3}
-    return int(quantity[:-2]) * units[quantity[-2:]]
 
 
 def test_dockerfile() -> None:
@@ -74,7 +50,33 @@ def test_systemd_unit() -> None:
     _flags_are_known(exec_start[1:])
     assert unit["Service"]["User"] != "root"
     drain = settings_from(exec_start[1:], {}).drain_seconds
-    assert float(unit["Service"]["TimeoutStopSec"]) > drain
+    assert float(unit["Service"]["TimeoutStopSec"]) > drain + SHUTDOWN_AFTER_DRAIN
     # it binds every interface: no start without the file that holds the token
     assert not unit["Service"]["EnvironmentFile"].startswith("-")
     assert build_parser().prog == "strata-kernel-worker"
+
+
+def test_dockerfile_builds_what_pyproject_declares() -> None:
+    """The image's Python satisfies requires-python, and it copies every package that
+    setuptools finds and the readme the metadata reads."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    text = (DEPLOY / "Dockerfile").read_text()
+    python = re.search(r"^FROM python:(\d+\.\d+)", text, re.MULTILINE)
+    assert python is not None
+    assert python.group(1) + ".0" in SpecifierSet(project["project"]["requires-python"])
+    copies = [line.split()[1:-1] for line in text.splitlines() if line.startswith("COPY ")]
+    copied = {part for parts in copies for part in parts}
+    assert project["project"]["readme"] in copied and "pyproject.toml" in copied
+    for pattern in project["tool"]["setuptools"]["packages"]["find"]["include"]:
+        assert pattern.rstrip("*") in copied, f"{pattern} is not copied into the image"
+    # packages hold only Python: nothing else needs copying or package-data
+    for package in ("kernel_pool", "kernel_worker"):
+        files = [p for p in (ROOT / package).rglob("*") if p.is_file()]
+        others = [p for p in files if p.suffix not in (".py", ".pyc")]
+        assert not others, others
+    # the stop time the header recommends covers the drain and the shutdown after it
+    stop = re.search(r"docker stop -t (\d+)", text)
+    assert stop is not None
+    cmd = next(line for line in text.splitlines() if line.startswith("CMD"))
+    drain = settings_from(yaml.safe_load(cmd.removeprefix("CMD ")), {}).drain_seconds
+    assert int(stop.group(1)) > drain + SHUTDOWN_AFTER_DRAIN
