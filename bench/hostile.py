@@ -19,7 +19,8 @@ kernels are other processes):
 
 Goal: the peak within 2x the cap above idle, and /health under 100 ms throughout.
 ``print`` and ``fd`` are capped in the kernel; ``iopub`` shows what the worker's own
-bounds hold against a kernel that ignores the cap. Nothing here asserts: it prints a table
+bounds hold against a kernel that ignores the cap (its messages are over the most the
+worker reads of one, so the cell's answer may be a ``502``: the kernel is replaced). Nothing here asserts: it prints a table
 and writes ``bench/results/hostile.json``.
 """
 

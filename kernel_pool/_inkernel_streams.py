@@ -24,7 +24,8 @@ Before, a cell printing 1 GB made the kernel buffer it between flushes (0.2 s) a
 as a few messages of hundreds of MB each, and the pool's process decoded all of it before
 keeping 16 MB. Kept text now also goes out in pieces of at most :data:`_PIECE` characters:
 a write that fills a piece waits until the IO thread has sent it, so no message (in the
-kernel or in its reader) is much larger than a piece.
+kernel or in its reader) holds more than two pieces: under 1 MiB of JSON even when every
+character is escaped (6 bytes), which is what the pool's ``max_iopub_message`` may ask.
 """
 
 import contextlib
@@ -34,7 +35,7 @@ import threading
 
 STREAM_DROPPED_MSG_TYPE = "kernel_pool_stream_dropped"
 _STREAM_DROPPED_TOPIC = b"kernel_pool.stream_dropped"
-_PIECE = 1 << 18  # characters of kept text per message, about
+_PIECE = 1 << 15  # characters of kept text per message, about
 
 
 class _Budget:

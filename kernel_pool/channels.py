@@ -15,6 +15,15 @@ the kernel holds what it publishes (its helper lifts the kernel's own limit, pas
 publisher drops messages, so nothing is lost, an idle status included; see
 ``_inkernel_streams.py``). ZMQ's default let the pool's process queue a thousand messages
 of any size from a kernel that published faster than it read.
+
+With ``max_message`` (the worker sets it), no IOPub frame larger than that is taken in at
+all: ZMQ drops the connection on one (``ZMQ_MAXMSGSIZE``, checked as the frame's size
+arrives, before its bytes are held) and reconnects, and a message whose frames add up to
+more is dropped before it is decoded. Either way the kernel is told of as
+``(UNREADABLE, {"channel": "iopub", "oversized": max_message})``: what it published was
+lost (on a dropped connection, also what was queued behind that frame), and its reader
+decides. So what the pool holds of a kernel's IOPub is bounded by bytes, not only by a
+count of messages: about ``_IOPUB_QUEUE + 2`` messages of at most ``max_message`` each.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -39,8 +49,8 @@ UNREADABLE = "unreadable"
 
 _RECONNECT_MS = 10
 _BATCH = 64  # messages read per wake-up before yielding to the rest of the loop
-_BATCH_BYTES = 4 << 20  # ...or, once a message took the total past this, bytes
-_IOPUB_QUEUE = 8  # IOPub messages read ahead by ZMQ (the kernel holds the rest)
+_BATCH_BYTES = 1 << 20  # ...or, once a message took the total past this, bytes
+_IOPUB_QUEUE = 2  # IOPub messages read ahead by ZMQ (the kernel holds the rest)
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
 
 
@@ -60,11 +70,22 @@ def endpoint(info: Mapping[str, Any], channel: str) -> str:
 class _Reader:
     """One socket, drained on the event loop whenever its descriptor signals."""
 
-    def __init__(self, sock: zmq.Socket[bytes], name: str, auth: Any, deliver: Deliver) -> None:
+    def __init__(
+        self,
+        sock: zmq.Socket[bytes],
+        name: str,
+        auth: Any,
+        deliver: Deliver,
+        *,
+        max_message: int | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> None:
         self.sock = sock
         self.name = name
         self._auth = auth
         self._deliver = deliver
+        self._max_message = max_message
+        self._before = before
         self._loop = asyncio.get_running_loop()
         self._fd = int(sock.getsockopt(zmq.FD))
         self._closed = False
@@ -73,6 +94,8 @@ class _Reader:
 
     def drain(self) -> None:
         """Read what is waiting (at most a batch, then continue on the next loop turn)."""
+        if self._before is not None:  # what happened to the connection, before what it sent
+            self._before()
         read = 0
         for _ in range(_BATCH):
             if self._closed:
@@ -89,7 +112,13 @@ class _Reader:
                 log.debug("%s socket closed", self.name, exc_info=True)
                 self.close()
                 return
-            read += sum(map(len, frames))
+            size = sum(map(len, frames))
+            read += size
+            if self._max_message is not None and size > self._max_message:
+                log.warning("a kernel sent a %s message of %d bytes: dropped", self.name, size)
+                del frames
+                self._deliver(UNREADABLE, {"channel": self.name, "oversized": self._max_message})
+                continue
             try:
                 msg = decode(frames, self._auth)
             except (ValueError, TypeError, UnicodeDecodeError):
@@ -109,10 +138,55 @@ class _Reader:
         self.sock.close(linger=0)
 
 
+class _Disconnects:
+    """The IOPub socket's dropped connections (ZMQ's monitor), told as oversized messages:
+    with ``ZMQ_MAXMSGSIZE`` set, a live kernel's connection is dropped only for one."""
+
+    def __init__(self, iopub: zmq.Socket[bytes], max_message: int, deliver: Deliver) -> None:
+        self._sock = iopub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._max_message = max_message
+        self._deliver = deliver
+        self._loop = asyncio.get_running_loop()
+        self._fd = int(self._sock.getsockopt(zmq.FD))
+        self._closed = False
+        self._loop.add_reader(self._fd, self.drain)
+
+    def drain(self) -> None:
+        while not self._closed:
+            try:
+                if not int(self._sock.getsockopt(zmq.EVENTS)) & zmq.POLLIN:
+                    return
+                event = self._sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.ZMQError:  # zmq.Again included
+                return
+            # a 16-bit event id and a 32-bit value, then the endpoint
+            if len(event) != 2 or len(event[0]) != 6:
+                continue
+            if int.from_bytes(event[0][:2], sys.byteorder) == zmq.EVENT_DISCONNECTED:
+                log.warning("a kernel's IOPub connection was dropped (an oversized message)")
+                self._deliver(UNREADABLE, {"channel": "iopub", "oversized": self._max_message})
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ValueError, OSError):
+            self._loop.remove_reader(self._fd)
+        self._sock.close(linger=0)
+
+
 class KernelChannels:
     """Shell (requests and replies) and IOPub (outputs) of one kernel."""
 
-    def __init__(self, info: Mapping[str, Any], session: Session, deliver: Deliver) -> None:
+    def __init__(
+        self,
+        info: Mapping[str, Any],
+        session: Session,
+        deliver: Deliver,
+        *,
+        max_message: int | None = None,
+    ) -> None:
+        """``max_message``: the most bytes an IOPub message may take (None: any)."""
         self.session = session
         context = _shared_context()
         shell = context.socket(zmq.DEALER)
@@ -122,6 +196,8 @@ class KernelChannels:
         iopub.setsockopt(zmq.SUBSCRIBE, b"")
         iopub.setsockopt(zmq.LINGER, 0)
         iopub.setsockopt(zmq.RCVHWM, _IOPUB_QUEUE)
+        if max_message is not None:
+            iopub.setsockopt(zmq.MAXMSGSIZE, max_message)
         for sock in (shell, iopub):  # a starting kernel binds late: retry every 10 ms
             sock.setsockopt(zmq.RECONNECT_IVL, _RECONNECT_MS)
         try:
@@ -131,8 +207,15 @@ class KernelChannels:
             shell.close(linger=0)
             iopub.close(linger=0)
             raise
+        self._disconnects = (
+            _Disconnects(iopub, max_message, deliver) if max_message is not None else None
+        )
         self._shell = _Reader(shell, "shell", session.auth, deliver)
-        self._iopub = _Reader(iopub, "iopub", session.auth, deliver)
+        self._iopub = _Reader(
+            iopub, "iopub", session.auth, deliver,
+            max_message=max_message,
+            before=self._disconnects.drain if self._disconnects is not None else None,
+        )  # fmt: skip
 
     def send(
         self,
@@ -152,5 +235,7 @@ class KernelChannels:
         return str(msg["header"]["msg_id"])
 
     def close(self) -> None:
+        if self._disconnects is not None:
+            self._disconnects.close()
         self._shell.close()
         self._iopub.close()

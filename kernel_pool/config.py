@@ -73,6 +73,12 @@ class PoolConfig:
     extra_arguments: tuple[str, ...] = field(default=())
     fork_server: bool = True
     """Fork the native kernel from a process with ipykernel imported (``kernel_name=None``)."""
+    max_iopub_message: int | None = None
+    """The most bytes one IOPub message of a kernel may take; ``None``: any. A larger one
+    is dropped unread (with what the kernel queued behind it), the execution is told on its
+    stderr, and the kernel is retired after the lease. With ``stream_cap``, the kernel's
+    own stdout and stderr go out in messages under 1 MiB. It bounds what the pool holds
+    of a kernel's outputs at a few such messages, whatever the kernel sends."""
 
     def __post_init__(self) -> None:
         if self.size < 1:
@@ -83,6 +89,8 @@ class PoolConfig:
             raise ValueError("max_uses must be at least 1")
         if self.max_kernel_memory is not None and self.max_kernel_memory < 1:
             raise ValueError("max_kernel_memory must be positive")
+        if self.max_iopub_message is not None and self.max_iopub_message < 1:
+            raise ValueError("max_iopub_message must be positive")
         if self.interrupt_grace_seconds < 0:
             raise ValueError("interrupt_grace_seconds must not be negative")
         if any(not slot.strip() for slot in self.gpu_slots):

@@ -104,6 +104,11 @@ _LOST_OUTPUT = (
     "[strata-kernel-worker] an output of this cell was lost: the kernel sent it in a form "
     "that could not be read (did the cell change how json encodes?)\n"
 )
+_DROPPED_OUTPUT = (
+    "[strata-kernel-worker] outputs of this cell were lost: the kernel published a message "
+    "of more than {limit} bytes, the most that is read of one; it and what the kernel "
+    "published right after it were dropped, and this kernel is replaced\n"
+)
 
 
 def _no_answer(answer: Mapping[str, Any] | None, unreadable: int) -> KernelNoReply:
@@ -175,6 +180,7 @@ class Kernel:
         self._tmp_dir.mkdir(mode=0o700)
         self.died = asyncio.Event()
         self._on_death = on_death
+        self._oversized = False  # it published more than max_iopub_message in one message
 
     # -- start -------------------------------------------------------------------------------
 
@@ -246,7 +252,10 @@ class Kernel:
             )
         self._process.watch(self._on_exit)
         self._channels = KernelChannels(
-            self._process.connection_info, self._process.session, self._deliver
+            self._process.connection_info,
+            self._process.session,
+            self._deliver,
+            max_message=self._config.max_iopub_message,
         )
         await self._wait_ready()
         if self._identity is not None:  # no file may give a cell another kernel's key
@@ -283,6 +292,8 @@ class Kernel:
                 raise KernelStartError(
                     f"kernel {self.kernel_id} exited during start-up (exit status {msg})"
                 )
+            if channel == UNREADABLE and msg.get("oversized"):
+                continue  # what it dropped may be asked again (and the kernel is retired)
             if channel == UNREADABLE:
                 raise KernelStartError(
                     f"kernel {self.kernel_id} sent an unreadable {msg['channel']} message"
@@ -369,6 +380,8 @@ class Kernel:
                 self._on_death(self)
 
     def _deliver(self, channel: str, msg: dict[str, Any]) -> None:
+        if channel == UNREADABLE and msg.get("oversized"):
+            self._oversized = True
         self._events.put_nowait((channel, msg))
 
     def _shell(self) -> KernelChannels:
@@ -407,7 +420,10 @@ class Kernel:
     def stray_problems(self) -> list[str]:
         """What the kernel cannot see from inside: processes a cell left running."""
         stray = self.stray_children()
-        return [f"{len(stray)} child process(es) still running"] if stray else []
+        problems = [f"{len(stray)} child process(es) still running"] if stray else []
+        if self._oversized:  # what it published was lost: its state is not known
+            problems.append("it published an IOPub message over the pool's limit")
+        return problems
 
     def stray_children(self) -> list[int]:
         """Processes started since the baseline that are still alive.
@@ -508,6 +524,7 @@ class Kernel:
         answer: Mapping[str, Any] | None = None if reply else {}
         idle = False
         unreadable = 0  # IOPub messages lost: any could have been the idle status
+        said: set[int] = set()
         # once idle, the reply (sent before it) is due at once; once replied after a lost
         # message, so is the idle status
         quiet_by = math.inf
@@ -535,7 +552,13 @@ class Kernel:
                 if msg["channel"] == "shell":  # the reply: nothing else comes on that socket
                     raise KernelNoReply("kernel sent an unreadable reply")
                 unreadable += 1  # what was lost is said where the cell's output goes
-                sink(Output("stream", {"name": "stderr", "text": _LOST_OUTPUT}, ()))
+                limit = msg.get("oversized")
+                if not limit:
+                    sink(Output("stream", {"name": "stderr", "text": _LOST_OUTPUT}, ()))
+                elif limit not in said:  # once: a kernel may send thousands
+                    said.add(limit)
+                    note = _DROPPED_OUTPUT.format(limit=limit)
+                    sink(Output("stream", {"name": "stderr", "text": note}, ()))
                 if answer is not None:
                     quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
                 continue

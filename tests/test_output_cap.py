@@ -5,7 +5,8 @@ descriptor 1) leaves the worker's RSS within twice the console cap above its idl
 ``/health`` answers throughout; the bundle holds the first ``--console-cap`` characters and
 the truncation marker with the exact count of the rest, per stream and per execution. A
 cell that goes around the cap (a stream of its own, messages sent on the IOPub socket
-itself) gets the same console, and the worker's memory stays bounded.
+itself) gets the same console, and the worker's memory stays bounded; a message over the
+most the worker reads of one is never held, and its kernel is replaced.
 
 Real kernels and a real worker over HTTP; the worker's RSS is sampled with psutil.
 """
@@ -22,11 +23,12 @@ import psutil
 import pytest
 
 from kernel_pool import STREAM_DROPPED_MSG_TYPE, Pool, PoolConfig
+from kernel_worker.http.app import IOPUB_MESSAGE_BYTES
 from kernel_worker.runs.console import truncation_marker
 
 from .conftest import WorkerProcess, start_worker
 from .test_pool import stdout_of
-from .wire import run_ok
+from .wire import execute, read_bundle, run_ok
 
 MIB = 1 << 20
 CAP = 16 * MIB  # the default --console-cap
@@ -51,14 +53,24 @@ OWN_STREAM_1GB = (  # a stream of the cell's own in place of sys.stdout
     "sys.stdout.flush()\n"
     "del chunk, kernel\n"
 )
+IOPUB_MESSAGE = IOPUB_MESSAGE_BYTES - 4096  # characters: about the largest message read
 IOPUB_1GB = (  # stream messages sent on the IOPub socket itself: the kernel's cap never sees them
     "kernel = get_ipython().kernel\n"
     "parent = kernel.get_parent('shell')\n"
-    "content = {'name': 'stdout', 'text': 'x' * (1 << 20)}\n"
+    f"content = {{'name': 'stdout', 'text': 'x' * {IOPUB_MESSAGE}}}\n"
     "for _ in range(1000):\n"
     "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
     "del kernel, parent, content\n"
 )
+IOPUB_OVERSIZED_1GB = (  # 125 messages of 8 MiB each on the IOPub socket: each over the limit
+    "kernel = get_ipython().kernel\n"
+    "parent = kernel.get_parent('shell')\n"
+    "content = {'name': 'stdout', 'text': 'x' * (8 << 20)}\n"
+    "for _ in range(125):\n"
+    "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
+    "del kernel, parent, content\n"
+)
+PID = "import os\nprint(os.getpid())\n"
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +123,8 @@ class _Watch:
                     self.answers.append(0)
 
 
-def _run_watched(worker: WorkerProcess, source: str) -> tuple[str, int, list[int]]:
-    """The cell's stdout, the worker's peak RSS above idle while it ran, and every /health
+def _watched(worker: WorkerProcess, source: str) -> tuple[httpx.Response, int, list[int]]:
+    """The cell's answer, the worker's peak RSS above idle while it ran, and every /health
     status asked meanwhile."""
     with httpx.Client(base_url=worker.url, timeout=300) as client:
         for _ in range(2):  # warm the kernel, the connection and the bundle path
@@ -120,17 +132,30 @@ def _run_watched(worker: WorkerProcess, source: str) -> tuple[str, int, list[int
         watch = _Watch(worker)
         idle = watch.idle_rss()
         with watch:
-            bundle = run_ok(client, source)
+            response = execute(client, source)
             time.sleep(0.1)  # and a moment after the answer
-    return bundle.stdout(), watch.peak - idle, watch.answers
+    return response, watch.peak - idle, watch.answers
 
 
-def _assert_capped_and_bounded(stdout: str, growth: int, answers: list[int]) -> None:
-    assert len(stdout) == CAP + len(truncation_marker(PRINTED - CAP))
-    assert stdout.endswith(truncation_marker(PRINTED - CAP))
-    assert stdout[:CAP] == "x" * CAP
+def _run_watched(worker: WorkerProcess, source: str) -> tuple[str, int, list[int]]:
+    response, growth, answers = _watched(worker, source)
+    bundle = read_bundle(response)
+    assert bundle.manifest["success"], bundle.manifest
+    return bundle.stdout(), growth, answers
+
+
+def _assert_bounded(growth: int, answers: list[int]) -> None:
     assert growth <= 2 * CAP, f"the worker grew {growth / MIB:.1f} MiB above idle"
     assert answers and all(status == 200 for status in answers), answers
+
+
+def _assert_capped_and_bounded(
+    stdout: str, growth: int, answers: list[int], printed: int = PRINTED
+) -> None:
+    assert len(stdout) == CAP + len(truncation_marker(printed - CAP))
+    assert stdout.endswith(truncation_marker(printed - CAP))
+    assert stdout[:CAP] == "x" * CAP
+    _assert_bounded(growth, answers)
 
 
 @pytest.mark.timeout(300)
@@ -152,7 +177,55 @@ def test_a_kernel_that_goes_around_the_cap_still_gets_a_bounded_worker(
 ) -> None:
     """What the kernel sends past the cap is read and dropped as it comes: the console is
     the same, and the worker holds the kept text plus a few messages not yet read."""
-    _assert_capped_and_bounded(*_run_watched(solo, IOPUB_1GB))
+    _assert_capped_and_bounded(*_run_watched(solo, IOPUB_1GB), printed=1000 * IOPUB_MESSAGE)
+
+
+def _pid(worker: WorkerProcess) -> int:
+    with httpx.Client(base_url=worker.url, timeout=120) as client:
+        return int(run_ok(client, PID).stdout())
+
+
+@pytest.mark.timeout(300)
+def test_messages_over_the_limit_are_never_held_and_the_kernel_is_replaced(
+    solo: WorkerProcess,
+) -> None:
+    """A message larger than the worker reads (512 KiB) is dropped as its size arrives: the
+    worker holds none of the 8 MiB messages, the cell ends with a note of what was lost
+    (or, when the kernel's idle status was lost with them, as a replaced kernel), and the
+    kernel that sent them is not used again."""
+    before = _pid(solo)
+    response, growth, answers = _watched(solo, IOPUB_OVERSIZED_1GB)
+    _assert_bounded(growth, answers)
+    if response.status_code == 200:
+        bundle = read_bundle(response)
+        assert bundle.manifest["success"], bundle.manifest
+        assert f"a message of more than {IOPUB_MESSAGE_BYTES} bytes" in bundle.stderr()
+        assert bundle.stderr().count("outputs of this cell were lost") == 1
+        assert bundle.stdout() == ""
+    else:
+        assert "stopped answering" in response.text, (response.status_code, response.text)
+    assert _pid(solo) != before
+
+
+def test_large_legit_output_arrives_whole_on_the_same_kernel(solo: WorkerProcess) -> None:
+    """What the agent publishes stays under the limit: 3 MiB of text that JSON escapes six
+    times over, a 3 MiB display and a 3 MiB result all arrive intact, and the kernel is
+    kept."""
+    before = _pid(solo)
+    with httpx.Client(base_url=solo.url, timeout=120) as client:
+        bundle = run_ok(
+            client,
+            "import sys\nfrom IPython.display import HTML, display\n"
+            "sys.stdout.write('\\x01' * (3 << 20))\n"
+            "display(HTML('<p>' + 'h' * (3 << 20) + '</p>'))\n"
+            "'r' * (3 << 20)\n",
+        )
+    assert bundle.stdout() == "\x01" * (3 * MIB)
+    assert "lost" not in bundle.stderr()
+    sizes = {(d["content_type"], d["bytes"]) for d in bundle.manifest["display"]}
+    assert ("text/html", 3 * MIB + len("<p></p>")) in sizes, sizes
+    assert ("text/plain", 3 * MIB + len("''")) in sizes, sizes  # the result's repr
+    assert _pid(solo) == before
 
 
 def test_the_cap_is_per_stream_and_per_execution(solo: WorkerProcess) -> None:

@@ -61,6 +61,12 @@ def _read(path: str | None) -> str | None:
         return fh.read()
 
 
+IOPUB_MESSAGE_BYTES = 1 << 19
+"""The most a kernel's IOPub message may take: what the agent publishes stays under it
+(console text goes out in pieces, display formats of 4 KiB or more as files), and past it
+nothing is held. So a kernel holds the worker to its console cap plus a few MiB."""
+
+
 def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     return PoolConfig(
         size=settings.pool_size,
@@ -81,6 +87,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
         kernel_uids=settings.kernel_uids,
         interrupt_grace_seconds=settings.interrupt_grace_seconds,
         start_timeout_seconds=settings.kernel_start_timeout,
+        max_iopub_message=IOPUB_MESSAGE_BYTES,
     )
 
 
