@@ -18,7 +18,6 @@ from typing import Any
 import psutil
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from prometheus_client import start_http_server
 from starlette.responses import Response
 
 from kernel_pool import KernelInitError, KernelStartError, Pool, PoolConfig, PreloadError
@@ -37,8 +36,10 @@ from ..runs.reuse import ReusableFiles
 from ..settings import Settings, memory_backed, prepare_run_root
 from ..state import WorkerState
 from .auth import scrub_secrets
+from .connections import ConnectionLimits
 from .fastpath import FastPath
 from .health import router as health_router
+from .metrics_port import MetricsPort, start_metrics_port
 from .openapi import OPENAPI_COMPONENTS
 from .routes import execute_v1, notebook_execute, router
 
@@ -190,12 +191,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         except (KernelStartError, OSError, _MetricsPortFailed) as exc:
             if state.end_server is None:  # an app served some other way: its host reports it
                 if metrics_server is not None:
-                    metrics_server.shutdown()
+                    await metrics_server.aclose()
                 raise
             started, failure = False, exc
         if not started:  # stopped while starting, or failed: nothing to serve
             if metrics_server is not None:
-                metrics_server.shutdown()
+                await metrics_server.aclose()
             await pool.aclose()
             if failure is None:
                 log.warning("stopped while the kernels were starting")
@@ -217,7 +218,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             with contextlib.suppress(asyncio.CancelledError):
                 await releasing
             if metrics_server is not None:
-                metrics_server.shutdown()
+                await metrics_server.aclose()
             await jobs.aclose()
             await pool.aclose()
             if state.reusable_files is not None:
@@ -294,17 +295,22 @@ class _MetricsPortFailed(Exception):
     """The metrics server could not listen (its cause says why)."""
 
 
-def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> Any:
-    """With ``--metrics-port``, expose /metrics there (no token) besides the gated route."""
+def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> MetricsPort | None:
+    """With ``--metrics-port``, expose /metrics there (no token) besides the gated route,
+    under the main port's connection limits."""
     if settings.metrics_port is None:
         return None
+    limits = ConnectionLimits(
+        header_seconds=settings.header_timeout_seconds,
+        max_connections=settings.max_connections,
+        send_seconds=settings.send_timeout_seconds,
+    )
     try:
-        server, _thread = start_http_server(
-            settings.metrics_port, addr=settings.host, registry=metrics.registry
+        return start_metrics_port(
+            settings.host, settings.metrics_port, metrics.registry, limits, settings.log_level
         )
     except OSError as exc:
         raise _MetricsPortFailed from exc
-    return server
 
 
 async def _worker_error_handler(request: Request, exc: Exception) -> Response:

@@ -213,7 +213,12 @@ OPTIONS: tuple[Option, ...] = (
         "also serve Prometheus /metrics without a token on this port (default: only the "
         "token-gated /metrics route)",
         default="none",
-        details=("Also serve Prometheus `/metrics` on this port without a token."),
+        details=(
+            "Also serve Prometheus `/metrics` on this port without a token (`GET` and `HEAD` "
+            "of `/metrics` only; anything else is `404`). It has the main port's "
+            "`--header-timeout`, `--max-connections` (counted apart) and `--send-timeout`, so "
+            "sockets held open on it cannot pile up. A port in use stops the start."
+        ),
     ),
     Option(
         "--log-level",
