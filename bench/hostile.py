@@ -15,7 +15,7 @@ kernels are other processes):
 - ``print``: ``sys.stdout.write`` of 8 MiB, 125 times;
 - ``fd``: a subprocess (``os.system``) writes 1000 MiB to file descriptor 1;
 - ``iopub``: goes around the cap, sending 125 stream messages of 8 MiB on the kernel's
-  IOPub socket itself.
+  IOPub socket itself, signed by a session of its own (nothing in the kernel sees them).
 
 Goal: the peak within 2x the cap above idle, and /health under 100 ms throughout.
 ``print`` and ``fd`` are capped in the kernel; ``iopub`` shows what the worker's own
@@ -58,10 +58,12 @@ CELLS = {
     "iopub": (
         "kernel = get_ipython().kernel\n"
         "parent = kernel.get_parent('shell')\n"
+        "from jupyter_client.session import Session\n"
+        "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
         "content = {'name': 'stdout', 'text': 'x' * (8 << 20)}\n"
         f"for _ in range({_WRITES}):\n"
-        "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
-        "del kernel, parent, content\n"
+        "    own.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
+        "del kernel, parent, content, own, Session\n"
     ),
 }
 _SAMPLE_SECONDS = 0.005

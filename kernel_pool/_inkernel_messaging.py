@@ -171,6 +171,7 @@ def _lean_messaging():
     kernel._publish_status = _without_busy(kernel._publish_status)
     _reply_at_once(kernel)
     cap_streams(kernel)  # noqa: F821 (from _inkernel_streams.py)
+    cap_messages(kernel)  # noqa: F821 (from _inkernel_sizes.py)
     log = getattr(kernel, "log", None)
     handlers = getattr(log, "handlers", None)
     if handlers and not getattr(log, "propagate", True):

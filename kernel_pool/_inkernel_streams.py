@@ -96,6 +96,7 @@ def cap_streams(kernel):
     async def execute_request(stream, ident, parent):
         with contextlib.suppress(Exception):  # whatever it finds, the request is handled
             cap = _asked_cap(parent)
+            start_message_cap(parent)  # noqa: F821 (from _inkernel_sizes.py)
             for budget in _budgets.values():
                 budget.start(cap)
             _class_write_applies(sys.stdout)

@@ -74,9 +74,11 @@ class PoolConfig:
     fork_server: bool = True
     """Fork the native kernel from a process with ipykernel imported (``kernel_name=None``)."""
     max_iopub_message: int | None = None
-    """The most bytes one IOPub message of a kernel may take; ``None``: any. A larger one
-    is dropped unread (with what the kernel queued behind it), the execution is told on its
-    stderr, and the kernel is retired after the lease. With ``stream_cap``, the kernel's
+    """The most bytes one IOPub message of a kernel may take; ``None``: any. What the kernel
+    itself would send over it (an error's value and traceback, a display, a comm's data) is
+    cut there to fit, with a note of what was left out. A larger message (sent around the
+    kernel's own session) is dropped unread (with what the kernel queued behind it), the
+    execution is told on its stderr, and the kernel is retired after the lease. With ``stream_cap``, the kernel's
     own stdout and stderr go out in messages under 1 MiB. It bounds what the pool holds
     of a kernel's outputs at a few such messages, whatever the kernel sends."""
 

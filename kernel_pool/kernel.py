@@ -68,6 +68,7 @@ _INKERNEL_FILES = (
     "_inkernel_threads",
     "_inkernel_messaging",
     "_inkernel_streams",
+    "_inkernel_sizes",
 )
 _INKERNEL_SOURCE = "\n".join(
     Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
@@ -480,6 +481,8 @@ class Kernel:
             asked["reset"] = True
         if stream_cap is not None:
             asked["stream_cap"] = stream_cap
+        if self._config.max_iopub_message is not None:  # cut in the kernel, not dropped here
+            asked["message_cap"] = self._config.max_iopub_message
         if asked:
             request_metadata["kernel_pool"] = asked
         msg_id = self._shell().send(

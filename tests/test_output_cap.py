@@ -57,18 +57,22 @@ IOPUB_MESSAGE = IOPUB_MESSAGE_BYTES - 4096  # characters: about the largest mess
 IOPUB_1GB = (  # stream messages sent on the IOPub socket itself: the kernel's cap never sees them
     "kernel = get_ipython().kernel\n"
     "parent = kernel.get_parent('shell')\n"
+    "from jupyter_client.session import Session\n"
+    "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
     f"content = {{'name': 'stdout', 'text': 'x' * {IOPUB_MESSAGE}}}\n"
     "for _ in range(1000):\n"
-    "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
-    "del kernel, parent, content\n"
+    "    own.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
+    "del kernel, parent, content, own, Session\n"
 )
 IOPUB_OVERSIZED_1GB = (  # 125 messages of 8 MiB each on the IOPub socket: each over the limit
     "kernel = get_ipython().kernel\n"
     "parent = kernel.get_parent('shell')\n"
+    "from jupyter_client.session import Session\n"
+    "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
     "content = {'name': 'stdout', 'text': 'x' * (8 << 20)}\n"
     "for _ in range(125):\n"
-    "    kernel.session.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
-    "del kernel, parent, content\n"
+    "    own.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
+    "del kernel, parent, content, own, Session\n"
 )
 PID = "import os\nprint(os.getpid())\n"
 
@@ -225,6 +229,29 @@ def test_large_legit_output_arrives_whole_on_the_same_kernel(solo: WorkerProcess
     sizes = {(d["content_type"], d["bytes"]) for d in bundle.manifest["display"]}
     assert ("text/html", 3 * MIB + len("<p></p>")) in sizes, sizes
     assert ("text/plain", 3 * MIB + len("''")) in sizes, sizes  # the result's repr
+    assert _pid(solo) == before
+
+
+def test_an_ordinary_cells_oversized_message_is_cut_in_the_kernel(solo: WorkerProcess) -> None:
+    """Messages the kernel itself would send over the limit (an exception with a 2 MB value,
+    a display with 1 MB of metadata, a widget's comm state) are cut where they are sent, so
+    the cell gets its answer, nothing is lost and the kernel is kept."""
+    before = _pid(solo)
+    with httpx.Client(base_url=solo.url, timeout=120) as client:
+        failed = execute(client, "raise ValueError('v' * 2_000_000 + 'END')")
+        shown = run_ok(
+            client,
+            "from IPython.display import display\n"
+            "display({'text/plain': 'small'}, metadata={'m': 'x' * 1_000_000}, raw=True)\n"
+            "from ipykernel.comm import Comm\n"
+            "Comm(target_name='t', data={'state': 'c' * 1_000_000}).close()\n"
+            "print('after')\n",
+        )
+    error = read_bundle(failed).manifest["error"]
+    assert error.startswith("vvv") and error.endswith("END"), error[-200:]
+    assert "characters not kept: one message may hold at most" in error
+    assert len(error) < IOPUB_MESSAGE_BYTES
+    assert shown.stdout() == "after\n" and "lost" not in shown.stderr()
     assert _pid(solo) == before
 
 

@@ -1,0 +1,95 @@
+"""How large one message a kernel sends may be: a cell's oversized output is made smaller in
+the kernel, before the pool's limit would drop it.
+
+Shipped into every kernel with ``_inkernel_messaging.py``, into the same module (stdlib
+only); :func:`cap_messages` is run once, with the baseline.
+
+An ``execute_request`` whose metadata carries ``{"kernel_pool": {"message_cap": N}}`` (the
+pool's ``max_iopub_message``) sends no message whose content packs to more than about N
+bytes while it runs. The pool drops a larger IOPub message unread and retires the kernel, so
+an ordinary cell that raises with a 2 MB message, or displays a 1 MB widget state, would
+lose its answer; here the content is cut instead: an error keeps the start and the end of
+its value and traceback, a display becomes a note of what it held, a comm message loses its
+data (nothing reads comms behind the pool). Anything else is sent as it is, and the pool's
+limit applies. A request without a cap sends everything, as a stock kernel does.
+"""
+
+import json
+
+_message_cap = [None]  # the running request's cap, in bytes of packed content
+_HEADROOM = 8 << 10  # the header, parent header, metadata and signature sent beside it
+_NOTE = "[{dropped} characters not kept: one message may hold at most {cap} bytes]"
+
+
+def cap_messages(kernel):
+    """Wrap the kernel session's JSON packer (it packs every message the kernel sends)."""
+    session = getattr(kernel, "session", None)
+    pack = getattr(session, "pack", None)
+    if pack is None or getattr(pack, "kernel_pool_sized", False):
+        return
+
+    def sized_pack(obj):
+        packed = pack(obj)
+        cap = _message_cap[0]
+        if cap is None or len(packed) <= cap or not isinstance(obj, dict):
+            return packed
+        smaller = _smaller(obj, max(cap - _HEADROOM, 1024))
+        return packed if smaller is None else pack(smaller)
+
+    sized_pack.kernel_pool_sized = True
+    session.pack = sized_pack
+
+
+def start_message_cap(parent):
+    """Take the cap of the request about to run (None: no cap)."""
+    metadata = parent.get("metadata") if isinstance(parent, dict) else None
+    asked = metadata.get("kernel_pool") if isinstance(metadata, dict) else None
+    cap = asked.get("message_cap") if isinstance(asked, dict) else None
+    _message_cap[0] = cap if type(cap) is int and cap > 0 else None
+
+
+def _smaller(content, budget):
+    """``content`` cut to about ``budget`` bytes of JSON, or None when it is not a kind of
+    message this knows how to cut."""
+    if "traceback" in content or "evalue" in content:
+        smaller = dict(content)
+        smaller["evalue"] = _cut(str(content.get("evalue", "")), budget // 24)
+        smaller["traceback"] = _cut_lines(content.get("traceback"), budget // 12)
+        return smaller
+    if "comm_id" in content:
+        return {**content, "data": {}}
+    if isinstance(content.get("data"), dict):  # display_data, execute_result, update_display
+        data = content["data"]
+        held = ", ".join(f"{mime} ({_size(value)} bytes)" for mime, value in data.items())
+        note = f"[display dropped: {held}; one message may hold at most {_message_cap[0]} bytes]"
+        return {**content, "data": {"text/plain": note}, "metadata": {}}
+    if isinstance(content.get("text"), str):  # a stream message sent past the stream cap
+        return {**content, "text": _cut(content["text"], budget // 6)}
+    return None
+
+
+def _cut(text, chars):
+    """The start and the end of ``text`` around a note, in about ``chars`` characters (JSON
+    may escape a character to 6 bytes: the callers divide their byte budgets by 6 or more)."""
+    if len(text) <= chars:
+        return text
+    half = max(chars // 2 - 100, 0)
+    note = _NOTE.format(dropped=len(text) - 2 * half, cap=_message_cap[0])
+    return text[:half] + "\n" + note + "\n" + text[len(text) - half :]
+
+
+def _cut_lines(lines, chars):
+    if not isinstance(lines, list):
+        return lines
+    per_line = max(chars // min(len(lines), 101), 200)
+    cut = [_cut(str(line), per_line) for line in lines[:50]]
+    if len(lines) > 100:
+        cut.append(f"[{len(lines) - 100} traceback lines not kept]")
+    return cut + [_cut(str(line), per_line) for line in lines[max(50, len(lines) - 50) :]]
+
+
+def _size(value):
+    try:
+        return len(json.dumps(value))
+    except (TypeError, ValueError):
+        return 0
