@@ -494,3 +494,38 @@ def test_a_refused_output_header_fetches_no_input_and_runs_no_cell(
     assert repr(name) in response.json()["detail"]
     assert raw.arrived == []  # no input fetched, nothing uploaded or finalized
     assert not marker.exists()  # and the cell never ran
+
+
+# -- --connect binds no port --------------------------------------------------------------------
+
+
+def test_with_connect_the_worker_listens_on_no_port(tmp_path: Path) -> None:
+    from .fake_relay import FakeRelay
+
+    relay = FakeRelay(token="relay-token")
+    env = {**os.environ, "STRATA_WORKER_CONNECT_TOKEN": "relay-token"}
+    env.pop("PYTEST_CURRENT_TEST", None)
+    (tmp_path / "runs").mkdir()
+    # given a --port too: --connect must still bind none
+    worker = WorkerProcess(["--connect", relay.url, "--pool-size", "1"], env, tmp_path / "runs")
+    try:
+        relay.wait_connected(1)
+        deadline = time.monotonic() + 60
+        with relay.client(timeout=10) as client:
+            while client.get("/ready").status_code != 200:
+                assert time.monotonic() < deadline, "no warm kernel behind the relay"
+                time.sleep(0.1)
+        worker.remember_kernels()
+        # the worker's own sockets (each kernel has ipykernel's loopback pipe for the output
+        # of forked subprocesses, which is not the worker's to bind or not)
+        listening = [
+            c.laddr
+            for c in psutil.Process(worker.proc.pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
+        assert listening == []
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(worker.url + "/health", timeout=5)
+    finally:
+        worker.stop()
+        relay.close()
