@@ -30,6 +30,7 @@ character is escaped (6 bytes), which is what the pool's ``max_iopub_message`` m
 
 import contextlib
 import inspect
+import os
 import sys
 import threading
 
@@ -81,6 +82,7 @@ _budgets = {"stdout": _Budget(), "stderr": _Budget()}
 def cap_streams(kernel):
     """Cap every ``OutStream``'s writes, and start each request's allowance from its cap."""
     _publish_everything(kernel)
+    _no_pipe_port(kernel)
     _no_output_history(getattr(kernel, "shell", None))
     try:
         from ipykernel.iostream import OutStream
@@ -88,6 +90,8 @@ def cap_streams(kernel):
         return
     if not getattr(OutStream.write, "kernel_pool_capped", False):
         OutStream.write = _capped(OutStream.write)
+    if not getattr(OutStream.flush, "kernel_pool_capped", False):
+        OutStream.flush = _flushing_child_lines(OutStream.flush)
     handlers = getattr(kernel, "shell_handlers", None)
     handler = handlers.get("execute_request") if isinstance(handlers, dict) else None
     if handler is None or getattr(handler, "kernel_pool_capped", False):
@@ -173,6 +177,52 @@ def _publish_everything(kernel):
     schedule(unlimited)
 
 
+def _no_pipe_port(kernel):
+    """Close ipykernel's port for forked children's output.
+
+    A stock kernel listens on a loopback TCP port for what its forked children (a
+    ``multiprocessing`` fork, ``os.fork``) print, and any local user can connect to it: with
+    a uid per kernel, a sibling could write into the stderr of the request this kernel runs.
+    A forked child's writes go to the file descriptor it inherited instead (see
+    :func:`_capped`), which the kernel captures as it captures any subprocess's output.
+    """
+    thread = getattr(kernel, "iopub_thread", None)
+    stream = getattr(thread, "_pipe_in", None)
+    schedule = getattr(thread, "schedule", None)
+    if stream is None or schedule is None:
+        return
+
+    def close():
+        with contextlib.suppress(Exception):
+            stream.close()
+
+    schedule(close)  # on the IO thread, which owns the socket
+
+
+_STD_FDS = {"stdout": 1, "stderr": 2}
+_child_lines = {}  # fd -> a forked child's text after its last newline
+
+
+def _write_fd(fd, text):
+    with contextlib.suppress(OSError):
+        if text:
+            os.write(fd, text.encode("utf-8", "replace"))
+
+
+def _flushing_child_lines(flush):
+    def flush_lines(self):
+        fd = _STD_FDS.get(getattr(self, "name", None))
+        master = getattr(self, "_master_pid", None)
+        if fd is not None and master is not None and master != os.getpid():
+            _write_fd(fd, _child_lines.pop(fd, ""))
+            return None
+        return flush(self)
+
+    flush_lines.kernel_pool_capped = True
+    flush_lines.__doc__ = flush.__doc__
+    return flush_lines
+
+
 def _asked_cap(parent):
     metadata = parent.get("metadata") if isinstance(parent, dict) else None
     asked = metadata.get("kernel_pool") if isinstance(metadata, dict) else None
@@ -182,6 +232,16 @@ def _asked_cap(parent):
 
 def _capped(write):
     def capped_write(self, string):
+        master = getattr(self, "_master_pid", None)
+        fd = _STD_FDS.get(getattr(self, "name", None))
+        child = master is not None and master != os.getpid()
+        if child and fd is not None and isinstance(string, str):
+            # a forked child: whole lines go to the kernel's captured descriptor
+            pending = _child_lines.get(fd, "") + string
+            end = pending.rfind("\n") + 1
+            _child_lines[fd] = pending[end:]
+            _write_fd(fd, pending[:end])
+            return len(string)
         budget = _budgets.get(getattr(self, "name", None))
         if budget is None or not isinstance(string, str):
             return write(self, string)  # (a non-str raises as it did)

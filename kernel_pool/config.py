@@ -78,9 +78,10 @@ class PoolConfig:
     itself would send over it (an error's value and traceback, a display, a comm's data) is
     cut there to fit, with a note of what was left out. A larger message (sent around the
     kernel's own session) is dropped unread (with what the kernel queued behind it), the
-    execution is told on its stderr, and the kernel is retired after the lease. With ``stream_cap``, the kernel's
-    own stdout and stderr go out in messages under 1 MiB. It bounds what the pool holds
-    of a kernel's outputs at a few such messages, whatever the kernel sends."""
+    execution is told on its stderr, and the kernel is retired after the lease. With
+    ``stream_cap``, the kernel's own stdout and stderr go out in messages under 1 MiB. It
+    bounds what the pool holds of a kernel's outputs at a few such messages, whatever the
+    kernel sends."""
 
     def __post_init__(self) -> None:
         if self.size < 1:

@@ -13,6 +13,7 @@ Real kernels and a real worker over HTTP; the worker's RSS is sampled with psuti
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -253,6 +254,32 @@ def test_an_ordinary_cells_oversized_message_is_cut_in_the_kernel(solo: WorkerPr
     assert len(error) < IOPUB_MESSAGE_BYTES
     assert shown.stdout() == "after\n" and "lost" not in shown.stderr()
     assert _pid(solo) == before
+
+
+def test_forked_childrens_output_arrives_and_no_port_is_left_open(solo: WorkerProcess) -> None:
+    """A forked child's prints (os.fork, a multiprocessing fork pool) arrive through the
+    descriptor it inherited, not ipykernel's loopback port, which any local user could
+    connect to: the kernel listens on no TCP port."""
+    source = (
+        "import os, sys, multiprocessing as mp\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    print('child out'); sys.stderr.write('child err\\n'); os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "def f(x):\n"
+        "    print('pool', x, flush=True)\n"
+        "    return x\n"
+        "with mp.get_context('fork').Pool(2) as pool:\n"
+        "    pool.map(f, range(3))\n"
+    )
+    with httpx.Client(base_url=solo.url, timeout=120) as client:
+        bundle = run_ok(client, source)
+    assert sorted(bundle.stdout().splitlines()) == ["child out", "pool 0", "pool 1", "pool 2"]
+    assert bundle.stderr() == "child err\n"
+    for kernel in psutil.Process(solo.proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            listening = [c for c in kernel.net_connections("inet") if c.status == "LISTEN"]
+            assert listening == [], (kernel.cmdline(), listening)
 
 
 def test_the_cap_is_per_stream_and_per_execution(solo: WorkerProcess) -> None:

@@ -301,17 +301,6 @@ reached = sorted(ports)
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "every kernel keeps ipykernel's IOPub pipe for forked subprocesses listening on a "
-        "127.0.0.1 TCP port (iostream.IOPubThread._setup_pipe_in), outside the kernel's "
-        "0700 folder; a cell of another uid can connect to it, and each message it sends "
-        "is printed as 'Bad pipe message: ...' to the victim kernel's stderr, so it lands "
-        "in the stderr of the request that kernel is running: kernels can reach one "
-        "another, contrary to configuration.md's --kernel-user row"
-    ),
-)
 def test_a_cell_cannot_reach_a_sibling_kernel_over_loopback_tcp(apart: WorkerProcess) -> None:
     with httpx.Client(base_url=apart.url, timeout=60) as c:
         victim = Background(c, "import time\ntime.sleep(2)\nprint('victim done')")
