@@ -151,8 +151,10 @@ OPTIONS: tuple[Option, ...] = (
         details=(
             "When the worker runs as root. A uid range `FIRST-LAST` (e.g. `20000-20063`, at least"
             " one more uid than kernels and spares): **each kernel runs as a uid of its own** "
-            "(its gid the same number; no passwd entries needed), so kernels can reach neither "
-            "the worker nor one another (see [Security](security.md)). A user name: every kernel "
+            "(its gid the same number; no passwd entries needed), so no kernel can signal, trace "
+            "or read the memory, environment or files of the worker or of another kernel, nor "
+            "connect to their sockets; the worker's HTTP port answers any local process, behind "
+            "the token (see [Security](security.md)). A user name: every kernel "
             "runs as that one user, kept from the worker but not from each other (logged as a "
             "warning when there is more than one kernel)."
         ),
