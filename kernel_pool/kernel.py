@@ -11,16 +11,13 @@ execution waits on exactly one thing.
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import enum
 import functools
 import itertools
 import logging
-import math
 import os
-import re
 import shutil
 import signal
 import time
@@ -36,11 +33,11 @@ from .errors import (
     ExecutionTimeout,
     KernelDied,
     KernelInitError,
-    KernelNoReply,
     KernelStartError,
     PreloadError,
 )
 from .forkserver import ForkServer, killed_with_kernel
+from .helper_source import BOOTSTRAP, HELPER, INKERNEL_SOURCE, KERNEL_ARGS
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
@@ -53,76 +50,18 @@ from .processes import (
     signal_group,
     threads_of,
 )
+from .replies import (
+    OutputCallback,
+    answered_with_iopub,
+    collect,
+    literal,
+    next_event,
+    where_in_cell,
+)
 
 log = logging.getLogger(__name__)
 
-# the helper, and the interpreter and library settings its reset restores, as one module
-_INKERNEL_FILES = (
-    "_inkernel",
-    "_inkernel_state",
-    "_inkernel_logging",
-    "_inkernel_modules",
-    "_inkernel_hooks",
-    "_inkernel_patches",
-    "_inkernel_imports",
-    "_inkernel_threads",
-    "_inkernel_messaging",
-    "_inkernel_streams",
-    "_inkernel_sizes",
-)
-_INKERNEL_SOURCE = "\n".join(
-    Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
-)
-_HELPER = "__import__('sys').modules['_kernel_pool_agent']"
-_BOOTSTRAP = (  # loads the helper in a kernel that starts without it
-    "def __kernel_pool_boot(src):\n"
-    "    import sys, types\n"
-    "    mod = types.ModuleType('_kernel_pool_agent')\n"
-    "    exec(compile(src, '<kernel_pool agent>', 'exec'), mod.__dict__)\n"
-    "    sys.modules['_kernel_pool_agent'] = mod\n"
-    f"__kernel_pool_boot({_INKERNEL_SOURCE!r})\n"
-    "del __kernel_pool_boot\n"
-)
-_KERNEL_ARGS = (
-    "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
-    "--IPKernelApp.capture_fd_output=True",
-    # ipykernel sleeps 0.5 ms after every execution so that late output reaches clients that
-    # stop reading at the reply; the pool reads until the IOPub idle status, which comes after
-    # every output of the execution, so the sleep only adds latency
-    "--Kernel._execute_sleep=0",
-    # no ipykernel parent poller: when the pool's process dies it exits the kernel alone,
-    # leaving the cell's processes behind, and it raced the lifeline, which takes the
-    # kernel's whole process group down (see _inkernel._start_lifeline). ipykernel starts
-    # none for a parent that is PID 1 (which never goes away), and with a parent (unlike
-    # 0) it does not print how to connect to the kernel.
-    "--IPKernelApp.parent_handle=1",
-)
 _ids = itertools.count(1)
-# an execution's idle status without its reply: how long the reply may still take (it is
-# sent first, on another socket) before the kernel counts as broken
-_NO_REPLY_GRACE_SECONDS = 2.0
-_LOST_OUTPUT = (
-    "[strata-kernel-worker] an output of this cell was lost: the kernel sent it in a form "
-    "that could not be read (did the cell change how json encodes?)\n"
-)
-_DROPPED_OUTPUT = (
-    "[strata-kernel-worker] outputs of this cell were lost: the kernel published a message "
-    "of more than {limit} bytes, the most that is read of one; it and what the kernel "
-    "published right after it were dropped, and this kernel is replaced\n"
-)
-
-
-def _no_answer(answer: Mapping[str, Any] | None, unreadable: int) -> KernelNoReply:
-    if answer is None:
-        return KernelNoReply()
-    return KernelNoReply(
-        f"kernel replied, then its idle status was lost among {unreadable} unreadable messages"
-    )
-_IOPUB_GRACE_SECONDS = 0.25  # after a kernel_info reply, how long its idle status may take
-
-OutputCallback = Callable[[Output], None]
-
-
 class KernelState(enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
@@ -130,14 +69,6 @@ class KernelState(enum.Enum):
     RESETTING = "resetting"
     RETIRING = "retiring"
     STOPPED = "stopped"
-
-
-def _literal(result: ExecuteResult, key: str) -> Any:
-    """Decode a user_expression whose value is a Python literal (dict, list, str...)."""
-    entry = result.user_expressions.get(key) or {}
-    if entry.get("status") != "ok":
-        raise RuntimeError(f"{entry.get('ename', 'error')}: {entry.get('evalue', '')}")
-    return ast.literal_eval(entry["data"]["text/plain"])
 
 
 class Kernel:
@@ -229,14 +160,14 @@ class Kernel:
         if self._identity is not None:
             os.chown(self._kernel_dir, *self._identity)
             os.chown(self._tmp_dir, *self._identity)
-        arguments = [*_KERNEL_ARGS, *self._config.extra_arguments]
+        arguments = [*KERNEL_ARGS, *self._config.extra_arguments]
         env, cwd = self._environment(), self._cwd()
         if self._config.kernel_name is None and self._fork_server is not None:
             forked = ForkedKernel(self._kernel_dir / "ipc")
             self._process = forked
             self.preloaded_in_template = self._config.preload is not None
             await forked.start(
-                self._fork_server, arguments, env, cwd, self._identity, _INKERNEL_SOURCE,
+                self._fork_server, arguments, env, cwd, self._identity, INKERNEL_SOURCE,
                 self._config.fork_setup_code, deadline, self._config.preload,
                 self._config.start_timeout_seconds,
             )  # fmt: skip
@@ -273,49 +204,17 @@ class Kernel:
         deadline = time.monotonic() + self._config.start_timeout_seconds
         while True:
             msg_id = self._shell().send("kernel_info_request", {})
-            if await self._answered_with_iopub(msg_id, deadline):
+            if await answered_with_iopub(self._events, msg_id, deadline, self.kernel_id):
                 return
-
-    async def _answered_with_iopub(self, msg_id: str, deadline: float) -> bool:
-        replied = idle = False
-        iopub_by = deadline
-        while not (replied and idle):
-            remaining = min(deadline, iopub_by) - time.monotonic()
-            if remaining <= 0:
-                if replied:
-                    return False  # answered, but IOPub was not connected yet: ask again
-                raise KernelStartError(f"kernel {self.kernel_id} did not become ready in time")
-            try:
-                channel, msg = await asyncio.wait_for(self._events.get(), remaining)
-            except TimeoutError:
-                continue
-            if channel == "died":
-                raise KernelStartError(
-                    f"kernel {self.kernel_id} exited during start-up (exit status {msg})"
-                )
-            if channel == UNREADABLE and msg.get("oversized"):
-                continue  # what it dropped may be asked again (and the kernel is retired)
-            if channel == UNREADABLE:
-                raise KernelStartError(
-                    f"kernel {self.kernel_id} sent an unreadable {msg['channel']} message"
-                )
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            if channel == "shell":
-                replied = True
-                iopub_by = time.monotonic() + _IOPUB_GRACE_SECONDS
-            elif msg["header"]["msg_type"] == "status":
-                idle = idle or msg["content"].get("execution_state") == "idle"
-        return True
 
     async def _run_startup_code(self, deadline: float) -> None:
         # a forked kernel has the helper loaded already (see kernel_pool._zygote)
         has_agent = self._process is not None and self._process.has_agent
-        bootstrap = "" if has_agent else _BOOTSTRAP
+        bootstrap = "" if has_agent else BOOTSTRAP
         # as few round trips as the order allows: the helper calls ride on the code's
         # execution (user expressions run after the code, and only if it succeeded)
-        mark = {"mark": f"{_HELPER}.mark_before_preload()"}
-        capture = {"capture": f"{_HELPER}.capture()"}
+        mark = {"mark": f"{HELPER}.mark_before_preload()"}
+        capture = {"capture": f"{HELPER}.capture()"}
         setup_code = self._config.setup_code
         if has_agent and self._config.forked_setup_code is not None:
             setup_code = self._config.forked_setup_code
@@ -355,11 +254,11 @@ class Kernel:
             raise self._start_failure(what, message) from exc
         if not result.ok:
             message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
-            where = _where_in_cell(result.reply.get("traceback"))
+            where = where_in_cell(result.reply.get("traceback"))
             raise self._start_failure(what, f"{message} ({where})" if where else message)
         for key in helper_calls:
             try:
-                _literal(result, key)
+                literal(result, key)
             except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
                 raise KernelStartError(f"kernel helper call {key} failed: {exc}") from exc
 
@@ -524,71 +423,9 @@ class Kernel:
     async def _collect(
         self, msg_id: str, deadline: float, sink: OutputCallback, *, reply: bool = True
     ) -> Mapping[str, Any]:
-        answer: Mapping[str, Any] | None = None if reply else {}
-        idle = False
-        unreadable = 0  # IOPub messages lost: any could have been the idle status
-        said: set[int] = set()
-        # once idle, the reply (sent before it) is due at once; once replied after a lost
-        # message, so is the idle status
-        quiet_by = math.inf
-        while answer is None or not idle:
-            now = time.monotonic()
-            if now >= quiet_by:
-                raise _no_answer(answer, unreadable)
-            remaining = deadline - now
-            if remaining <= 0:
-                raise TimeoutError
-            # Which limit the wait is for is decided here, not by the clock after it: a
-            # loop's timer may fire a little before time.monotonic() reaches its time
-            # (uvloop's clock is cached, in milliseconds).
-            for_the_grace = quiet_by - now < remaining
-            try:
-                channel, msg = await self._next_event(min(remaining, quiet_by - now))
-            except TimeoutError:
-                if for_the_grace:
-                    raise _no_answer(answer, unreadable) from None
-                raise
-            if channel == "died":
-                self._events.put_nowait((channel, msg))  # stays visible to later calls
-                raise KernelDied(msg)
-            if channel == UNREADABLE:
-                if msg["channel"] == "shell":  # the reply: nothing else comes on that socket
-                    raise KernelNoReply("kernel sent an unreadable reply")
-                unreadable += 1  # what was lost is said where the cell's output goes
-                limit = msg.get("oversized")
-                if not limit:
-                    sink(Output("stream", {"name": "stderr", "text": _LOST_OUTPUT}, ()))
-                elif limit not in said:  # once: a kernel may send thousands
-                    said.add(limit)
-                    note = _DROPPED_OUTPUT.format(limit=limit)
-                    sink(Output("stream", {"name": "stderr", "text": note}, ()))
-                if answer is not None:
-                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
-                continue
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue  # left over from an earlier, abandoned execution
-            msg_type = msg["header"]["msg_type"]
-            if channel == "shell":
-                answer = msg["content"]
-                if unreadable:
-                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
-            elif msg_type == RESET_MSG_TYPE:  # the reset ran before the reply: keep it
-                self._reset_verdicts[msg_id] = InlineReset.from_content(msg["content"])
-            elif msg_type == "status":
-                idle = msg["content"].get("execution_state") == "idle"
-                if idle and answer is None:
-                    quiet_by = min(quiet_by, time.monotonic() + _NO_REPLY_GRACE_SECONDS)
-            elif msg_type != "execute_input":
-                sink(Output(msg_type, msg["content"], tuple(msg.get("buffers") or ())))
-        return answer
-
-    async def _next_event(self, within_seconds: float) -> tuple[str, Any]:
-        """The next event: one already queued at once, without a turn of the loop for each
-        (a burst is consumed as fast as the socket's reader queues it, so the queue stays
-        about one read's worth), else the next to come within ``within_seconds``."""
-        if not self._events.empty():
-            return self._events.get_nowait()
-        return await asyncio.wait_for(self._events.get(), within_seconds)
+        return await collect(
+            self._events, msg_id, deadline, sink, self._reset_verdicts, reply=reply
+        )
 
     async def _timeout_ladder(self, msg_id: str, sink: OutputCallback) -> None:
         """Interrupt, give the cell a grace period, then kill the whole process group."""
@@ -611,10 +448,10 @@ class Kernel:
         """Reset to the baseline; return the problems that make this kernel unfit for reuse."""
         result = await self.execute(
             "", deadline=deadline, silent=True, store_history=False,
-            user_expressions={"r": f"{_HELPER}.reset()"},
+            user_expressions={"r": f"{HELPER}.reset()"},
         )  # fmt: skip
         try:
-            report = _literal(result, "r")
+            report = literal(result, "r")
         except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
             return [f"reset failed: {exc}"]
         self.keep_library_processes(library_pids(report))
@@ -631,7 +468,7 @@ class Kernel:
             if remaining <= 0:
                 return None
             try:
-                channel, msg = await self._next_event(remaining)
+                channel, msg = await next_event(self._events, remaining)
             except TimeoutError:
                 return None
             if channel in ("died", UNREADABLE):  # the full reset decides (and finds it too)
@@ -695,23 +532,3 @@ class Kernel:
         if uid is not None:  # all of the kernel, wherever it went: then its uid is free
             await asyncio.to_thread(kill_uid, uid)
         await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)
-
-
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_CELL_FRAME = re.compile(
-    r'^\s*(?:Cell In\[\d+\]|File "<cell>"), line (\d+)(?:, in ([^\s(]+))?', re.MULTILINE
-)
-
-
-def _where_in_cell(traceback: object) -> str | None:
-    """``line N, in F`` of the innermost frame of the code run (IPython's traceback names it
-    ``Cell In[1]``, a worker's agent ``"<cell>"``), for a start-up failure's message; None
-    when there is none."""
-    if not isinstance(traceback, list):
-        return None
-    text = _ANSI.sub("", "\n".join(str(part) for part in traceback))
-    frames = _CELL_FRAME.findall(text)
-    if not frames:
-        return None
-    line, function = frames[-1]
-    return f"line {line}" if function in ("", "<module>") else f"line {line}, in {function}"

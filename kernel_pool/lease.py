@@ -8,8 +8,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .errors import ExecutionTimeout, KernelDied
-from .kernel import Kernel, OutputCallback
+from .kernel import Kernel
 from .messages import ExecuteResult, Output
+from .replies import OutputCallback
 
 
 class RetireReason(enum.Enum):
