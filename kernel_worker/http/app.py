@@ -24,6 +24,7 @@ from kernel_pool import KernelInitError, KernelStartError, Pool, PoolConfig, Pre
 
 from .. import __version__
 from ..agent import fork_setup_code, forked_setup_code, setup_code
+from ..cancellation import cancel_and_wait
 from ..errors import WorkerError, error_response
 from ..execution import KEPT_DIR_PREFIX, ExecutionContext, sweep_stale_run_dirs
 from ..jobs import JobQueue
@@ -214,9 +215,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             state.http_client = None
             await client.aclose()
-            releasing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await releasing
+            await cancel_and_wait(releasing)
             if metrics_server is not None:
                 await metrics_server.aclose()
             await jobs.aclose()

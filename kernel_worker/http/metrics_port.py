@@ -91,8 +91,8 @@ class MetricsPort:
 
     async def aclose(self) -> None:
         self.shutdown()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        # it ends by itself; a cancellation of this wait is the caller's, and is raised
+        await asyncio.wait({self._task})
 
 
 def _bind(host: str, port: int) -> socket.socket:

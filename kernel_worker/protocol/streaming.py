@@ -21,6 +21,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..cancellation import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 # Buffers just under 1 MiB: from 1 MiB up the worker's malloc (cli.py) maps fresh pages for
@@ -181,9 +183,7 @@ async def watching_for_disconnect(
     try:
         yield gone
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        await cancel_and_wait(watcher)
 
 
 class BundleStreamResponse(Response):

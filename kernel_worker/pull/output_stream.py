@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 import httpx
 
+from ..cancellation import cancel_and_wait
 from ..runs import output_dirs
 from .transfers import file_chunks
 
@@ -120,9 +121,7 @@ async def streaming(
     try:
         yield streamer
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 def without_streamed(

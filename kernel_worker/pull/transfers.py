@@ -25,6 +25,7 @@ from typing import BinaryIO
 
 import httpx
 
+from ..cancellation import cancel_and_wait
 from ..errors import PayloadTooLarge, UpstreamFailed, WorkerError
 from ..execution import ConsoleListener
 from ..protocol.streaming import CHUNK_BYTES  # bundle reads; input writes are batched to about this
@@ -327,9 +328,7 @@ async def console_relay(
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(relay.queue.join(), LOG_DRAIN_SECONDS)
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        await cancel_and_wait(task)
 
 
 class _Relay:
