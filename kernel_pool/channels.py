@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -52,6 +53,7 @@ _BATCH = 64  # messages read per wake-up before yielding to the rest of the loop
 _BATCH_BYTES = 1 << 20  # ...or, once a message took the total past this, bytes
 _IOPUB_QUEUE = 2  # IOPub messages read ahead by ZMQ (the kernel holds the rest)
 _context: zmq.Context[zmq.Socket[bytes]] | None = None
+_monitor_ids = itertools.count(1)
 
 
 def _shared_context() -> zmq.Context[zmq.Socket[bytes]]:
@@ -143,7 +145,13 @@ class _Disconnects:
     with ``ZMQ_MAXMSGSIZE`` set, a live kernel's connection is dropped only for one."""
 
     def __init__(self, iopub: zmq.Socket[bytes], max_message: int, deliver: Deliver) -> None:
-        self._sock = iopub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        # an address of its own: pyzmq's default names it by the socket's descriptor, which a
+        # later kernel's socket reuses while this monitor may still be bound
+        address = f"inproc://kernel-pool-monitor-{next(_monitor_ids)}"
+        iopub.monitor(address, zmq.EVENT_DISCONNECTED)
+        self._iopub = iopub
+        self._sock = _shared_context().socket(zmq.PAIR)
+        self._sock.connect(address)
         self._max_message = max_message
         self._deliver = deliver
         self._loop = asyncio.get_running_loop()
@@ -163,7 +171,8 @@ class _Disconnects:
             if len(event) != 2 or len(event[0]) != 6:
                 continue
             if int.from_bytes(event[0][:2], sys.byteorder) == zmq.EVENT_DISCONNECTED:
-                log.warning("a kernel's IOPub connection was dropped (an oversized message)")
+                # also when a kernel ends (every retirement): not worth a warning
+                log.info("a kernel's IOPub connection was dropped (an oversized message?)")
                 self._deliver(UNREADABLE, {"channel": "iopub", "oversized": self._max_message})
 
     def close(self) -> None:
@@ -172,6 +181,8 @@ class _Disconnects:
         self._closed = True
         with contextlib.suppress(ValueError, OSError):
             self._loop.remove_reader(self._fd)
+        with contextlib.suppress(zmq.ZMQError):
+            self._iopub.disable_monitor()
         self._sock.close(linger=0)
 
 

@@ -355,6 +355,17 @@ async def test_fresh_policy_never_reuses() -> None:
         assert pool.stats().retirements["fresh_policy"] == 3
 
 
+async def test_many_fresh_kernels_with_an_iopub_limit_each_answer() -> None:
+    """Every kernel's IOPub socket is watched for dropped connections (with a message
+    limit); kernels come and go under ``fresh``, and a later kernel's socket reuses an earlier
+    one's descriptor: each still answers (a watch named by descriptor hung after about 12)."""
+    config = PoolConfig(size=2, recycle=RecyclePolicy.FRESH, max_iopub_message=512 << 10)
+    async with Pool(config) as pool:
+        for i in range(30):
+            async with pool.lease(wait_seconds=30) as lease:
+                assert await run(lease, f"print({i})") == f"{i}\n"
+
+
 async def test_max_uses() -> None:
     async with Pool(PoolConfig(size=1, max_uses=2)) as pool:
         ids = []
