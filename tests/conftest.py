@@ -103,6 +103,23 @@ def stop_process(proc: subprocess.Popen[Any], grace_seconds: float) -> None:
         proc.wait()
 
 
+def kernel_uid_unavailable(uid: int) -> str | None:
+    """Why kernels cannot run as ``uid`` here (not root, or the interpreter lies under a
+    directory that uid cannot enter), or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root"
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-c", "import ipykernel"],
+            user=uid, group=uid, extra_groups=[], capture_output=True, check=False,
+        )  # fmt: skip
+    except OSError:
+        probe = None
+    if probe is None or probe.returncode != 0:
+        return f"uid {uid} cannot run {sys.executable} (a parent directory is private)"
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,29 +19,15 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import WorkerProcess, start_worker
+from .conftest import WorkerProcess, kernel_uid_unavailable, start_worker
 from .wire import execute, read_bundle, run_ok
 
 FIRST_UID = 31000
 UIDS = f"{FIRST_UID}-{FIRST_UID + 7}"
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import ipykernel"],
-            user=FIRST_UID, group=FIRST_UID, extra_groups=[], capture_output=True, check=False,
-        )  # fmt: skip
-    except OSError:
-        probe = None
-    if probe is None or probe.returncode != 0:
-        return f"uid {FIRST_UID} cannot run {sys.executable} (a parent directory is private)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+_WHY_NOT = kernel_uid_unavailable(FIRST_UID)
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
 
 # kill every other process it can, then look for a sibling's connection file and, with it,
 # sign a request to that kernel (what worked when kernels shared one user)

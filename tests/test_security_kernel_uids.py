@@ -17,8 +17,6 @@ import json
 import os
 import shutil
 import stat
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from .conftest import WorkerProcess, start_worker
+from .conftest import WorkerProcess, kernel_uid_unavailable, start_worker
 from .wire import Background, read_bundle, run_ok, wait_active
 
 FIRST_UID = 32000  # apart from test_kernel_identity.py's range
@@ -36,22 +34,8 @@ UIDS = f"{FIRST_UID}-{FIRST_UID + 7}"
 SPAWN_UIDS = f"{FIRST_UID + 100}-{FIRST_UID + 107}"
 
 
-def _why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root"
-    try:
-        probe = subprocess.run(
-            [sys.executable, "-c", "import ipykernel"],
-            user=FIRST_UID, group=FIRST_UID, extra_groups=[], capture_output=True, check=False,
-        )  # fmt: skip
-    except OSError:
-        probe = None
-    if probe is None or probe.returncode != 0:
-        return f"uid {FIRST_UID} cannot run {sys.executable} (a parent directory is private)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+_WHY_NOT = kernel_uid_unavailable(FIRST_UID)
+pytestmark = pytest.mark.skipif(_WHY_NOT is not None, reason=str(_WHY_NOT))
 
 
 def _worker_with_uids(
