@@ -15,6 +15,7 @@ AGENT_PACKAGE = "strata_kernel_agent"
 # in dependency order
 _MODULES = (
     "arrow_codec",
+    "arrow_read",
     "figures",
     "archives",
     "codecs",

@@ -18,7 +18,7 @@ Errors raised while loading::
     CodecError
     ├── UnknownContentTypeError   (also a ValueError)
     └── RArtifactError            (also a RuntimeError; code R_ONLY_ARTIFACT)
-    PrecisionError                (from arrow_codec; code PRECISION_NARROWED)
+    PrecisionError                (from arrow_read; code PRECISION_NARROWED)
     ArchiveError                  (from archives, also a ValueError: a folder input)
     ├── UnsafeArchiveError
     └── ArchiveTooLargeError
@@ -42,9 +42,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from . import archives, arrow_codec, figures
+from . import archives, arrow_codec, arrow_read, figures
 from .archives import ArchiveTooLargeError, UnsafeArchiveError
-from .arrow_codec import X64_NOTE, PrecisionError, removed_on_error, x64_was_enabled_here
+from .arrow_codec import removed_on_error
+from .arrow_read import X64_NOTE, PrecisionError, x64_was_enabled_here
 
 __all__ = [
     "X64_NOTE",
@@ -600,7 +601,7 @@ def _load_r_object(path: Path) -> object:
 
 
 _READERS: dict[str, Callable[[Path], object]] = {
-    ARROW: arrow_codec.read,
+    ARROW: arrow_read.read,
     JSON: _load_json,
     PICKLE: _load_pickle,
     MARKDOWN: lambda path: path.read_text(encoding="utf-8"),
