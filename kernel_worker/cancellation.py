@@ -28,6 +28,16 @@ async def cancel_and_wait(*tasks: asyncio.Future[Any]) -> None:
     """
     for task in tasks:
         task.cancel()
+    await wait_ended(*tasks)
+
+
+async def wait_ended(*tasks: asyncio.Future[Any]) -> None:
+    """Wait until every one of ``tasks`` has ended, without cancelling them.
+
+    For work that ends by itself once asked to stop (a thread's, which cancelling its
+    future would not stop): a cancellation of this wait does not cut it short; it is raised
+    once the tasks have ended. What the tasks raised is left on them, not raised here.
+    """
     pending = {task for task in tasks if not task.done()}
     interrupted: asyncio.CancelledError | None = None
     while pending:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_worker.cancellation import cancel_and_wait, unless_cancelled
+from kernel_worker.cancellation import cancel_and_wait, unless_cancelled, wait_ended
 from kernel_worker.errors import Cancelled
 from kernel_worker.execution import RUN_DIR_PREFIX, RunDir
 from kernel_worker.jobs import Execution, Job, JobQueue, JobResult, JobState
@@ -45,6 +45,26 @@ async def test_a_cancelled_waiter_waits_for_the_stopped_task_then_raises() -> No
     with pytest.raises(asyncio.CancelledError):
         await waiter  # the cancellation comes through, not swallowed
     assert cleaned.is_set() and task.cancelled()  # and only once the task had ended
+
+
+async def test_waiting_for_work_to_end_does_not_cancel_it_nor_lose_the_waiters_cancel() -> None:
+    """Work asked to stop some other way (a thread's stop event) is waited for, not
+    cancelled; a cancellation of the waiter comes through once the work has ended."""
+    stop = asyncio.Event()
+
+    async def work() -> int:
+        await stop.wait()
+        await asyncio.sleep(0.2)  # what it does on its way out
+        return 1
+
+    task = asyncio.ensure_future(work())
+    waiter = asyncio.ensure_future(wait_ended(task))
+    await asyncio.sleep(0.05)
+    stop.set()
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert task.done() and task.result() == 1
 
 
 async def test_work_stopped_by_its_cancel_event_is_cancelled_and_ended() -> None:

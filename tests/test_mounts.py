@@ -11,6 +11,7 @@ import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -616,6 +617,28 @@ async def test_a_cancelled_materialize_waits_for_its_thread_to_stop() -> None:
     with pytest.raises(asyncio.CancelledError):
         await task
     assert finished.is_set()  # nothing of the run is still being written after cancel
+
+
+async def test_a_materialize_cancelled_twice_still_waits_for_its_thread() -> None:
+    """A second cancellation (a shutdown after a request's) while the thread finishes its
+    transfer does not cut the wait short: the caller ends cancelled once the thread has."""
+    stopping, finished = threading.Event(), threading.Event()
+
+    def work(stop: threading.Event) -> None:
+        stop.wait(timeout=30)
+        stopping.set()
+        time.sleep(0.3)  # the transfer in flight ends
+        finished.set()
+        raise Stopped
+
+    task = asyncio.ensure_future(mounts._off_loop(work))
+    await asyncio.sleep(0.01)
+    task.cancel()
+    await asyncio.to_thread(stopping.wait, 30)
+    task.cancel()  # again, while it waits for the thread
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert finished.is_set()
 
 
 def test_pinned_listings_are_remembered_most_recent_first() -> None:

@@ -55,6 +55,7 @@ from hashlib import sha256
 from pathlib import Path
 from typing import BinaryIO, Protocol, TypeVar
 
+from kernel_worker.cancellation import wait_ended
 from kernel_worker.errors import BadRequest, UpstreamFailed, WorkerError
 from kernel_worker.mounts.cache import MountCache, Placement, Stopped, object_key
 from kernel_worker.mounts.pins import pin_key
@@ -405,9 +406,11 @@ async def _off_loop(work: Callable[[threading.Event], _T]) -> _T:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
         stop.set()
-        await asyncio.wait([task])  # bounded by the transfer in flight
-        if not task.cancelled():
-            task.exception()  # retrieved: the cancellation is what the caller sees
+        try:  # bounded by the transfer in flight; cancelled again, it still waits
+            await wait_ended(task)
+        finally:
+            if not task.cancelled():
+                task.exception()  # retrieved: the cancellation is what the caller sees
         raise
 
 
