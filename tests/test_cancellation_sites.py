@@ -9,12 +9,14 @@ let the caller reach the code after the block.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
 
+from kernel_worker.http.app import _start_unless_stopped
 from kernel_worker.protocol.streaming import watching_for_disconnect
 from kernel_worker.pull.output_stream import streaming
 
@@ -29,7 +31,9 @@ async def _slow_to_stop(ended: list[str], name: str) -> None:
         ended.append(name)
 
 
-async def _cancel_during_cleanup(block: Callable[[], AbstractAsyncContextManager[Any]]) -> list[str]:
+async def _cancel_during_cleanup(
+    block: Callable[[], AbstractAsyncContextManager[Any]],
+) -> list[str]:
     order: list[str] = []
 
     async def caller() -> None:
@@ -83,3 +87,58 @@ async def test_the_helpers_own_cancellation_is_not_raised_to_a_caller_left_alone
     assert ended == ["streamer"]
 
 
+class _SlowToStopPool:
+    """A pool whose start, once cancelled, stops the kernels it had begun: a while, and
+    through the further cancellations a start cut short gets."""
+
+    def __init__(self, ended: list[str]) -> None:
+        self.ended = ended
+
+    async def start(self) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            loop = asyncio.get_running_loop()
+            end = loop.time() + 0.3
+            while loop.time() < end:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(end - loop.time())
+            self.ended.append("start")
+
+
+def _starting(ended: list[str], stop: asyncio.Event) -> asyncio.Task[bool]:
+    pool: Any = _SlowToStopPool(ended)
+    return asyncio.create_task(_start_unless_stopped(pool, stop))
+
+
+async def test_a_lifespan_cancelled_while_the_pool_starts_waits_for_the_start() -> None:
+    ended: list[str] = []
+    starting = _starting(ended, asyncio.Event())
+    await asyncio.sleep(0.01)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert ended == ["start"]
+
+
+async def test_a_lifespan_cancelled_while_a_stopped_start_ends_waits_for_it() -> None:
+    ended: list[str] = []
+    stop = asyncio.Event()
+    starting = _starting(ended, stop)
+    await asyncio.sleep(0.01)
+    stop.set()  # a signal while the kernels start: the start is cancelled
+    await asyncio.sleep(0.05)
+    starting.cancel()  # and the lifespan itself, while the start stops its kernels
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    assert ended == ["start"]
+
+
+async def test_a_start_stopped_by_a_signal_is_not_a_cancellation_of_the_lifespan() -> None:
+    ended: list[str] = []
+    stop = asyncio.Event()
+    starting = _starting(ended, stop)
+    await asyncio.sleep(0.01)
+    stop.set()
+    assert await starting is False
+    assert ended == ["start"]

@@ -113,21 +113,36 @@ async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
     kernel it had begun is stopped). A start failure is raised."""
     starting = asyncio.ensure_future(pool.start())
     stopping = asyncio.ensure_future(stop.wait())
+    cut_short = False
     try:
         await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    finally:  # stopped, or this wait itself cancelled: the start has ended before we go on
         stopping.cancel()
-        if not starting.done() and not stop.is_set():  # this wait itself was cancelled
-            starting.cancel()
-    if starting.done():
+        if not starting.done():
+            cut_short = True
+            await _cancel_until_ended(starting)
+    if not cut_short:
         starting.result()
         return True
-    while not starting.done():  # again if need be: Python 3.11's wait_for can swallow a
-        starting.cancel()  # cancellation that comes as its inner wait ends
-        await asyncio.wait({starting}, timeout=0.2)
     with contextlib.suppress(BaseException):  # a start cut short may fail any way it likes
         starting.result()
     return False
+
+
+async def _cancel_until_ended(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` (again if need be: Python 3.11's wait_for can swallow a cancellation
+    that comes as its inner wait ends) until it has ended; a cancellation of this wait is
+    raised then, so that the kernels the start had begun are stopped before the caller
+    goes on."""
+    interrupted: asyncio.CancelledError | None = None
+    while not task.done():
+        task.cancel()
+        try:
+            await asyncio.wait({task}, timeout=0.2)
+        except asyncio.CancelledError as exc:  # ours: asyncio.wait raises none of the task's
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
