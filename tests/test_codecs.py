@@ -29,7 +29,7 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from kernel_worker.agent import codecs
+from kernel_worker.agent import codecs, mutations
 
 
 def write_and_load(tmp_path: Path, name: str, value: object) -> tuple[dict[str, Any], object]:
@@ -651,9 +651,9 @@ def test_frame_inputs_are_compared_before_they_are_digested(edit: Callable) -> N
     frame = _edited_frame()
     assert codecs.fingerprint(frame).frame is not None  # the copy-and-compare path
     witness = _edited_frame()
-    digest_before = codecs._digest(witness)
+    digest_before = mutations._digest(witness)
     edit(witness)
-    expected = codecs._digest(witness) != digest_before
+    expected = mutations._digest(witness) != digest_before
     warnings = run_cell({"v": frame}, lambda ns: edit(ns["v"]), exported=set())
     assert [w["message"] for w in warnings] == ([MUTATED.format("v")] if expected else [])
 
