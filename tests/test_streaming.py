@@ -100,6 +100,33 @@ async def test_closing_early_stops_the_writer() -> None:
         await anext(stream.chunks())
 
 
+async def test_a_reader_cancelled_twice_still_waits_for_the_writer() -> None:
+    """Cancelled once, the reader stops the writer and waits for it; cancelled again
+    meanwhile (a shutdown), it still ends only after the writer has."""
+    threads: list[threading.Thread] = []
+    reading = asyncio.Event()
+
+    def write(fh: BinaryIO) -> None:
+        threads.append(threading.current_thread())
+        fh.write(b"y" * 100)
+        time.sleep(0.4)  # a large file read before the next write
+        fh.write(b"z" * 100)
+
+    async def reader() -> None:
+        async for _ in BundleStream(write, chunk_bytes=100, depth=1).chunks():
+            reading.set()
+
+    task = asyncio.create_task(reader())
+    await reading.wait()
+    await asyncio.sleep(0.05)  # waiting for the next chunk
+    task.cancel()
+    await asyncio.sleep(0.05)  # waiting for the writer to stop
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert threads and not threads[0].is_alive()
+
+
 # -- through the worker --------------------------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from ..cancellation import cancel_and_wait
+from ..cancellation import cancel_and_wait, wait_ended
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,9 @@ class BundleStream:
             stop.set()
             for _ in range(self._depth):  # wake a writer waiting for a slot
                 slots.release()
-            await finished.wait()  # the writer stops at its next write
+            # the writer stops at its next write; cancelled again meanwhile, this still
+            # waits for it (then raises), so nothing reads the run after its removal
+            await wait_ended(asyncio.ensure_future(finished.wait()))
             writer.join()  # (it set the event on its way out: only its exit is left)
 
 
