@@ -15,12 +15,16 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
+from fastapi import FastAPI
 
+from kernel_worker.http import relay
 from kernel_worker.http.app import _start_unless_stopped
+from kernel_worker.http.relay import serve_relay
 from kernel_worker.protocol.streaming import watching_for_disconnect
 from kernel_worker.pull.output_stream import streaming
 
 CLEANUP_SECONDS = 0.2
+_NO_APP: Any = None  # the relay is never reached: no request comes to an app
 
 
 async def _slow_to_stop(ended: list[str], name: str) -> None:
@@ -142,3 +146,46 @@ async def test_a_start_stopped_by_a_signal_is_not_a_cancellation_of_the_lifespan
     stop.set()
     assert await starting is False
     assert ended == ["start"]
+
+
+async def _request_with_shielded_cleanup(ended: list[str]) -> None:
+    """A forwarded request: cancelled, its cleanup (the app's) runs shielded."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await asyncio.shield(asyncio.sleep(CLEANUP_SECONDS))
+        ended.append("request")
+
+
+async def test_the_relay_cancelled_twice_waits_for_its_requests_cleanup() -> None:
+    """A second cancellation of the relay (a second signal) while its requests clean up is
+    not passed on to them, which would end them with their shielded cleanup still running."""
+    ended: list[str] = []
+    request = asyncio.create_task(_request_with_shielded_cleanup(ended))
+    serving = asyncio.create_task(serve_relay("ws://127.0.0.1:1", _NO_APP, None, {request}))
+    await asyncio.sleep(0.01)  # dialling a relay that is not there, again and again
+    serving.cancel()
+    await asyncio.sleep(CLEANUP_SECONDS / 2)  # the request is cleaning up
+    serving.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await serving
+    assert ended == ["request"]
+
+
+async def test_a_connected_worker_cancelled_twice_waits_for_the_relay_to_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ended: list[str] = []
+
+    async def serving(*args: object) -> None:
+        await _request_with_shielded_cleanup(ended)
+
+    monkeypatch.setattr(relay, "serve_relay", serving)
+    running = asyncio.create_task(relay.run_connected(FastAPI(), "ws://127.0.0.1:1", None, 1))
+    await asyncio.sleep(0.01)
+    running.cancel()
+    await asyncio.sleep(CLEANUP_SECONDS / 2)
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
+    assert ended == ["request"]

@@ -42,6 +42,8 @@ from websockets.exceptions import (
 )
 from websockets.typing import Subprotocol
 
+from ..cancellation import cancel_and_wait
+
 log = logging.getLogger(__name__)
 
 __all__ = ["MAX_PAYLOAD_BYTES", "SUBPROTOCOL", "RelayRefused", "run_connected", "serve_relay"]
@@ -291,11 +293,8 @@ async def serve_relay(
     tasks = set() if tasks is None else tasks
     try:
         await _dial(url, app, token, tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:  # cancelled once: a further cancellation would cut their shielded cleanup short
+        await cancel_and_wait(*tasks)
 
 
 async def _dial(url: str, app: ASGIApp, token: str | None, tasks: set[asyncio.Task[None]]) -> None:
@@ -366,8 +365,7 @@ async def run_connected(app: FastAPI, url: str, token: str | None, drain_seconds
             signalled.clear()
             await _drain(app.state.worker, signalled, drain_seconds, requests)
         finally:
-            serving.cancel()
-            await asyncio.gather(serving, return_exceptions=True)
+            await cancel_and_wait(serving)
     return 0
 
 
@@ -388,6 +386,8 @@ async def _drain(
 async def _until_signal(signalled: asyncio.Event, work: asyncio.Future[Any]) -> bool:
     """Wait for ``work`` to end or a signal to come; True when the signal came first."""
     waiting = asyncio.ensure_future(signalled.wait())
-    await asyncio.wait({work, waiting}, return_when=asyncio.FIRST_COMPLETED)
-    waiting.cancel()
+    try:
+        await asyncio.wait({work, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
     return not work.done()
