@@ -11,7 +11,7 @@ there while it is being imported (a compatibility alias, a module replacing itse
 wrapper) stay, as the module does.
 """
 
-_table = {}  # "snapshot": sys.modules after the last reset (a _Snapshot from _inkernel.py)
+_table = {}  # "snapshot": sys.modules after the last reset (a _Snapshot)
 _put_while_importing = {}  # name -> object a module put in sys.modules during its import
 
 
@@ -60,7 +60,7 @@ def _import_ended(before):
 
 def _imported(name, value):
     """Whether the import system made this entry: a module whose spec has its name."""
-    if not isinstance(value, _MODULE):  # noqa: F821 (from _inkernel.py)
+    if not isinstance(value, _MODULE):  # noqa: F821 (from _inkernel_interpreter.py)
         return False
     spec = getattr(value, "__spec__", None)
     return spec is not None and getattr(spec, "name", None) == name
@@ -68,7 +68,7 @@ def _imported(name, value):
 
 def capture_module_table():
     """Record ``sys.modules`` as the baseline's (with the rest of the baseline)."""
-    _table["snapshot"] = _Snapshot(sys.modules)  # noqa: F821 (from _inkernel.py)
+    _table["snapshot"] = _Snapshot(sys.modules)  # noqa: F821 (from _inkernel_interpreter.py)
 
 
 def restore_module_table():

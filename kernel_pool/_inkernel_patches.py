@@ -191,7 +191,7 @@ def _resolve(expression, aliases, ns):
         name = expression.id
         if name in aliases:
             return aliases[name]
-        return ns.get(name, vars(builtins).get(name))  # noqa: F821 (builtins from _inkernel.py)
+        return ns.get(name, vars(builtins).get(name))  # noqa: F821 (builtins from _inkernel_namespace.py)
     if isinstance(expression, ast.Attribute):
         base = _resolve(expression.value, aliases, ns)
         if isinstance(base, (types.ModuleType, type)):

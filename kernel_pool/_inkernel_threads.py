@@ -68,7 +68,7 @@ def threads_left(problems):
     own join the baseline. The event loop's default executor (``await asyncio.to_thread``)
     and the libraries' process pools are shut down first, and threads get a moment to end:
     one ending just after the cell is not worth a new kernel."""
-    _retire_default_executor()  # noqa: F821 (from _inkernel.py)
+    _retire_default_executor()  # noqa: F821 (from _inkernel_interpreter.py)
     _shut_down_process_pools(problems)
     left = [
         thread

@@ -14,6 +14,9 @@ __all__ = ["BOOTSTRAP", "HELPER", "INKERNEL_SOURCE", "KERNEL_ARGS"]
 # the helper, and the interpreter and library settings its reset restores, as one module
 _INKERNEL_FILES = (
     "_inkernel",
+    "_inkernel_namespace",
+    "_inkernel_interpreter",
+    "_inkernel_process",
     "_inkernel_state",
     "_inkernel_logging",
     "_inkernel_modules",

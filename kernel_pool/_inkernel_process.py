@@ -1,0 +1,211 @@
+"""The kernel's process: its lifeline to the pool, the processes and environment its cells
+leave behind, and its standard file descriptors.
+
+Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only). The
+lifeline and the subreaper start with the kernel; the reset puts back ``os.environ`` (and
+what ``os.putenv`` changed under it), the working directory, ``sys.path`` and fds 0-2,
+closes the figures left open, and collects children that have exited.
+"""
+
+import contextlib
+import os
+import stat
+import sys
+import threading
+
+_ADOPTION_SECONDS = 2.0
+
+
+def _start_lifeline():
+    """If the pool's process dies (even by SIGKILL), take this kernel's whole process group
+    down with it within about half a second: no orphaned cell processes holding GPUs.
+
+    The pool's process is the one ``JPY_PARENT_PID`` names (the pool and jupyter_client set
+    it to the process that starts the kernel, which is its parent): a kernel whose pool died
+    while it was starting (its preload running) was adopted by another process before this
+    ran, and watching that one it outlived its pool for good.
+    """
+    if any(t.name == "kernel-pool-lifeline" for t in threading.enumerate()):
+        return
+    try:
+        pool = int(os.environ.get("JPY_PARENT_PID") or 0)
+    except ValueError:
+        pool = 0
+
+    def watch():
+        import signal
+        import time
+
+        parent = os.getppid()
+        if pool > 1 and parent != pool:
+            # the fork server's go-between may still be exiting: give it a moment
+            settle_by = time.monotonic() + _ADOPTION_SECONDS
+            while os.getppid() != pool and time.monotonic() < settle_by:
+                time.sleep(0.05)
+            parent = pool
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="kernel-pool-lifeline", daemon=True).start()
+
+
+def _adopt_orphans():
+    """Make this kernel the reaper of the processes its cells start (PR_SET_CHILD_SUBREAPER).
+
+    A process whose parent exits is adopted by the nearest such ancestor instead of init: a
+    shell's background job (``os.system('job &')``), or a daemon that forks twice, becomes
+    the kernel's child, which the pool's check after each request sees. Otherwise the job
+    ran on unseen, in the kernel's process group, writing into later requests' output.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except Exception:
+        pass
+
+
+def _forbid_tracing_when_unprivileged():
+    """Kernels sharing an unprivileged user must not read each other: no ptrace, and
+    /proc/<pid>/mem, environ and fd become root's only (PR_SET_DUMPABLE = 0)."""
+    if os.getuid() == 0 or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE, 0
+    except Exception:
+        pass
+
+
+def _reap_exited_children():
+    """Collect children that have exited and nobody waited for (an adopted orphan, a
+    ``Popen`` never waited on): as zombies they would look like processes left running."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as fh:
+            children = fh.read().split()
+    except OSError:
+        return
+    for child in children:
+        pid = int(child)
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == b"Z":
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(pid, os.WNOHANG)
+
+
+_put_names = set()  # names passed to os.putenv / os.unsetenv since the last reset
+
+
+def _watch_putenv():
+    """Note the names ``os.putenv`` and ``os.unsetenv`` set, which ``os.environ`` does not see
+    (a cell's ``os.putenv('HTTP_PROXY', ...)`` reached every later request's processes).
+    ``os.environ`` calls them too, so its own changes are noted as well."""
+    for name in ("putenv", "unsetenv"):
+        original = getattr(os, name, None)
+        if original is None or getattr(original, "_kernel_pool_noted", False):
+            continue
+
+        def noting(key, *args, _original=original):
+            _put_names.add(key)
+            return _original(key, *args)
+
+        noting._kernel_pool_noted = True
+        noting.__name__ = noting.__qualname__ = name
+        noting.__doc__ = original.__doc__
+        setattr(os, name, noting)
+
+
+def _environ_data():
+    """The environment as the OS sees it (bytes, no decoding), where ``os`` exposes it."""
+    data = getattr(os.environ, "_data", None)
+    return data if isinstance(data, dict) else {}
+
+
+def _environ_unchanged():
+    data = _environ_data()
+    if data:
+        return data == _baseline["environ_data"]  # noqa: F821 (bytes: nothing to fake)
+    return dict(os.environ) == _baseline["environ"]  # noqa: F821 (from _inkernel.py)
+
+
+def _restore_process_state(problems):
+    if not _environ_unchanged():
+        os.environ.clear()
+        os.environ.update(_baseline["environ"])  # noqa: F821
+    if _put_names:  # os.putenv/unsetenv change the environment under os.environ
+        environ = _baseline["environ_data"] or {}  # noqa: F821
+        for name in list(_put_names):
+            value = environ.get(os.fsencode(name) if isinstance(name, str) else name)
+            with contextlib.suppress(OSError, ValueError):
+                os.putenv(name, value) if value is not None else os.unsetenv(name)
+        _put_names.clear()
+    try:
+        os.chdir(_baseline["cwd"])  # noqa: F821 (getcwd() would fail if a cell's directory is gone)
+    except OSError as exc:
+        problems.append(f"cannot restore cwd: {exc.strerror}")
+    sys.path[:] = _baseline["path"]  # noqa: F821
+    pyplot = sys.modules.get("matplotlib.pyplot")
+    if pyplot is not None:
+        try:
+            pyplot.close("all")
+        except Exception as exc:
+            problems.append(f"closing figures failed: {type(exc).__name__}")
+
+
+def _fd_identity(fd):
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return (info.st_dev, info.st_ino)
+
+
+def _save_fds():
+    """Duplicates of fds 0-2, so a cell that closes or redirects them can be undone."""
+    saved = {}
+    for fd in (0, 1, 2):
+        identity = _fd_identity(fd)
+        if identity is not None:
+            saved[fd] = (os.dup(fd), identity)
+    return saved
+
+
+def _restore_std_fds(problems):
+    """Put fds 0-2 back; never over a number the kernel's own machinery has taken since."""
+    for fd, (copy, identity) in _baseline["fds"].items():  # noqa: F821
+        current = _fd_identity(fd)
+        if current == identity:
+            continue
+        if current is not None and _machinery_fd(fd):
+            # the cell closed it and a socket or an eventfd got the number: a dup2 would
+            # close that under its owner (zmq aborts the kernel on it)
+            problems.append(f"file descriptor {fd} was closed and taken over by the kernel")
+            continue
+        try:
+            os.dup2(copy, fd)
+        except OSError as exc:
+            problems.append(f"cannot restore file descriptor {fd}: {exc.strerror}")
+
+
+def _machinery_fd(fd):
+    try:
+        if stat.S_ISSOCK(os.fstat(fd).st_mode):
+            return True
+        return os.readlink(f"/proc/self/fd/{fd}").startswith("anon_inode:")
+    except OSError:
+        return False
+
+
+def _open_fd_count():
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:
+        return 0
