@@ -26,6 +26,11 @@ _MODULES = (
     "rebinding",
     "rundir",
     "display_files",
+    "run_state",
+    "displays",
+    "plain_process",
+    "inputs",
+    "outputs",
     "runtime",
 )
 

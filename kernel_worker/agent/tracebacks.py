@@ -10,7 +10,7 @@ the worker reports) say what Python says:
 * a syntax error in the cell is the one ``compile(source, "<string>", "exec")`` raises
   (``source`` as IPython reads it: a ``%magic`` line is a call);
 * the traceback is the standard one, the cell's frames named as the reference names them
-  (``<string>``, or ``<cell>``: see ``runtime._cell_file_label``), repeated frames collapsed,
+  (``<string>``, or ``<cell>``: see ``plain_process.cell_file_label``), repeated frames collapsed,
   and the kernel's and the agent's own frames left out;
 * a cell that reaches for the notebook's ``strata`` client, which exists only in cells the
   notebook's server runs, is told so on a second line of its error (:func:`message`).
