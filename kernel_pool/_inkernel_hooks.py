@@ -59,7 +59,7 @@ def _watch_register_at_fork():
         return
 
     def noting(*args, **kwargs):
-        if not _importing():  # noqa: F821 (from _inkernel_modules.py)
+        if not _importing():  # noqa: F821 (from _inkernel_registries.py)
             _hooks["at-fork by a cell"] = True
         return register(*args, **kwargs)
 

@@ -1,12 +1,12 @@
 """What a cell can change in ``logging`` that would outlive it.
 
-Shipped into every kernel between ``_inkernel_state.py`` and ``_inkernel_modules.py``, into
-the same module (stdlib only): the root logger (handlers, level, filters, ``logging.disable``,
-``logging.captureWarnings``), the record factory and logger class, and every named logger's
-level, handlers, filters and ``propagate`` and ``disabled`` flags. Without it, a cell's
-``logging.config.dictConfig`` silences every logger that existed before it in every later
-request, and a handler a cell adds to its own logger prints each record once more for every
-request that added one.
+Shipped into every kernel after ``_inkernel_state.py``, ahead of the other module settings,
+into the same module (stdlib only): the root logger (handlers, level, filters,
+``logging.disable``, ``logging.captureWarnings``), the record factory and logger class, and
+every named logger's level, handlers, filters and ``propagate`` and ``disabled`` flags.
+Without it, a cell's ``logging.config.dictConfig`` silences every logger that existed before
+it in every later request, and a handler a cell adds to its own logger prints each record
+once more for every request that added one.
 
 What a module sets on a logger while it is being imported stays, as for warning filters: the
 module stays imported and would not set it again. A logger a cell makes is put back as new:
@@ -96,7 +96,7 @@ def _track_import_time_changes(logging):
 def _logger_method(method, root):
     def wrapper(self, *args, **kwargs):
         result = method(self, *args, **kwargs)
-        if _named and self is not root and _importing():  # noqa: F821 (_inkernel_modules.py)
+        if _named and self is not root and _importing():  # noqa: F821 (_inkernel_registries.py)
             _keep(self)
         return result
 
@@ -106,7 +106,7 @@ def _logger_method(method, root):
 def _class_setter(function, logging):
     def wrapper(*args, **kwargs):
         result = function(*args, **kwargs)
-        if _named and _importing():  # noqa: F821 (_inkernel_modules.py)
+        if _named and _importing():  # noqa: F821 (_inkernel_registries.py)
             _root_recorded["classes"] = _classes(logging)
         return result
 

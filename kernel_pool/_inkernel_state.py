@@ -1,8 +1,8 @@
 """Interpreter and process settings that a cell can change and that would outlive it.
 
 Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only), and
-followed by ``_inkernel_modules.py`` (the settings of modules: warnings, logging, IPython,
-numpy, pandas, matplotlib...), which adds its parts to :data:`_PARTS`.
+followed by the settings of modules (``_inkernel_logging.py`` to ``_inkernel_modules.py``:
+logging, warnings, IPython, numpy, pandas, matplotlib...), whose parts go in :data:`_PARTS`.
 :func:`capture_settings` records everything with the warm baseline, :func:`restore_settings`
 puts back whatever a cell changed, so that the next request starts as it would in a fresh
 interpreter: recursion limit, trace and profile functions, the garbage collector, switch
@@ -24,7 +24,7 @@ import threading
 import time
 
 _settings = {}
-# (capture(), restore(problems)) of each part of _inkernel_modules.py, in the order they run
+# (capture(), restore(problems)) of each module settings part, in the order they run
 _PARTS = []
 _REAL_TIMER_SIGNALS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
 # the limits a cell could lower or raise to effect in a later request (the others are unused

@@ -19,6 +19,8 @@ _INKERNEL_FILES = (
     "_inkernel_process",
     "_inkernel_state",
     "_inkernel_logging",
+    "_inkernel_registries",
+    "_inkernel_display",
     "_inkernel_modules",
     "_inkernel_hooks",
     "_inkernel_patches",
