@@ -176,6 +176,9 @@ class JobQueue:
         the result itself (a small bundle, a pull run's answer, an error) waits for the poll.
         """
         job.handed_off = True
+        # the 202 counts as a poll: its client polls within a second, and a drain must wait
+        # for it even when the job ends before that first poll
+        job.polled_at = time.monotonic()
         if job.done.is_set():
             self._remove_unneeded_run_dir(job)
 
