@@ -70,8 +70,8 @@ def register_reset_hook(hook):
 def mark_before_preload():
     """Remember which names exist before the preload, to tell preloaded names apart.
 
-    The lifeline starts here, before the preload: a pool killed while a model loads (for
-    minutes) took nothing down, and the kernels ran on, adopted, until the preload ended.
+    The lifeline starts here, before the preload, so that a pool killed while a model loads
+    (for minutes) takes its kernels down at once rather than when the preload ends.
     """
     global _before_preload
     # a forked kernel starts with the template's names (set by the fork server): preloaded

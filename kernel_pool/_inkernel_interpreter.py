@@ -153,8 +153,8 @@ def _cells(function):
 def _retire_default_executor():
     """Shut down the event loop's default executor (``asyncio.to_thread``), if it has one,
     and return its threads: idle ones end, one still at work does not. Its idle threads
-    never end otherwise, so threads it started for a cell looked left running (and retired
-    the kernel every time). Done before the baseline too, for one a preload made."""
+    never end otherwise, so threads it started for a cell would look left running (and
+    retire the kernel every time). Done before the baseline too, for one a preload made."""
     loop = _running_loop()
     executor = getattr(loop, "_default_executor", None)
     if executor is None or not hasattr(executor, "shutdown"):

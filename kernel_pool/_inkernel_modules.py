@@ -90,7 +90,7 @@ def _restore_stdlib(problems):
         loop.set_debug(debug)
         loop.slow_callback_duration = slow
         loop.set_exception_handler(handler)
-        loop.set_task_factory(factory)  # one calling a cell's names wedged later requests
+        loop.set_task_factory(factory)  # one calling a cell's names would wedge later requests
 
 
 # -- numeric libraries -----------------------------------------------------------------------

@@ -52,10 +52,10 @@ def _drop_tracebacks(shell):
 
     The reset runs while the request's handler is still finishing: the failed cell's
     exception (in the execution result), its traceback (also kept by IPython's traceback
-    formatter for ``%debug``) and the frames it holds were alive when the reset's
-    collection ran, and were frozen with the baseline, where no later collection looks
-    (they form a cycle through the result): about 12 objects, 3.8 KB, plus whatever the
-    cell's frames held, were lost for good with every failed cell.
+    formatter for ``%debug``) and the frames it holds are alive when the reset's collection
+    runs, and would be frozen with the baseline, where no later collection looks (they form
+    a cycle through the result): about 12 objects, 3.8 KB, plus whatever the cell's frames
+    hold, lost for good with every failed cell.
     """
     for formatter in (getattr(shell, "InteractiveTB", None), getattr(shell, "SyntaxTB", None)):
         if getattr(formatter, "tb", None) is not None:
@@ -82,7 +82,7 @@ def _forget_cell_sources(shell):
 
     Every cell's text stays in ``linecache`` (for tracebacks) under a name of its own, one
     per distinct text, for the life of the kernel: a kernel serving a notebook whose cells
-    change grew by about 3 KB per 1 KB cell run, and never gave it back.
+    change would grow by about 3 KB per 1 KB cell run, and never give it back.
     """
     names = getattr(getattr(shell, "compile", None), "_filename_map", None)
     kept = _baseline.get("cell_names", ())  # noqa: F821

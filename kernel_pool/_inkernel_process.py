@@ -21,9 +21,9 @@ def _start_lifeline():
     down with it within about half a second: no orphaned cell processes holding GPUs.
 
     The pool's process is the one ``JPY_PARENT_PID`` names (the pool and jupyter_client set
-    it to the process that starts the kernel, which is its parent): a kernel whose pool died
-    while it was starting (its preload running) was adopted by another process before this
-    ran, and watching that one it outlived its pool for good.
+    it to the process that starts the kernel, which is its parent): a kernel whose pool dies
+    while it starts (its preload running) is adopted by another process before this runs,
+    and watching that one it would outlive its pool for good.
     """
     if any(t.name == "kernel-pool-lifeline" for t in threading.enumerate()):
         return
@@ -56,7 +56,7 @@ def _adopt_orphans():
     A process whose parent exits is adopted by the nearest such ancestor instead of init: a
     shell's background job (``os.system('job &')``), or a daemon that forks twice, becomes
     the kernel's child, which the pool's check after each request sees. Otherwise the job
-    ran on unseen, in the kernel's process group, writing into later requests' output.
+    would run on unseen, in the kernel's process group, writing into later requests' output.
     """
     if not sys.platform.startswith("linux"):
         return
@@ -106,7 +106,7 @@ _put_names = set()  # names passed to os.putenv / os.unsetenv since the last res
 
 def _watch_putenv():
     """Note the names ``os.putenv`` and ``os.unsetenv`` set, which ``os.environ`` does not see
-    (a cell's ``os.putenv('HTTP_PROXY', ...)`` reached every later request's processes).
+    (a cell's ``os.putenv('HTTP_PROXY', ...)`` would reach every later request's processes).
     ``os.environ`` calls them too, so its own changes are noted as well."""
     for name in ("putenv", "unsetenv"):
         original = getattr(os, name, None)

@@ -163,7 +163,7 @@ def _restore_start_method(module, recorded):
 
 def _capture_opener(module):
     """The opener ``urlopen`` uses: one a cell installed (credentials in its headers, a
-    proxy) served every later request's ``urlopen``."""
+    proxy) would serve every later request's ``urlopen``."""
     return {"opener": getattr(module, "_opener", None)}
 
 
