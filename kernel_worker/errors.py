@@ -105,7 +105,8 @@ class KernelCrashed(WorkerError):
 
 
 class UpstreamFailed(WorkerError):
-    """A pull-model transfer (input download, bundle upload, finalize) failed."""
+    """A pull-model transfer (input download, bundle upload, finalize), or a peer asked
+    for a job (``--peers``), failed."""
 
 
 class WorkerBusy(WorkerError):

@@ -5,7 +5,8 @@ while (``--queue-wait``) for a kernel; if the job is still queued then, the requ
 ``202`` with a ``job_url`` that Strata's client polls (queue time never counts against the
 cell's own timeout). A job whose result was collected, or that nobody collected within the
 TTL, is removed along with its run directory. Beyond ``--queue-depth`` queued jobs, new
-requests get ``503``.
+requests get ``503``. A job's id starts with the worker's id (``--worker-id``), so that in a
+fleet the worker a poll reaches can tell whose job it is.
 """
 
 from __future__ import annotations
@@ -92,8 +93,10 @@ _WAITING = (JobState.QUEUED, JobState.PROVISIONING)
 class JobQueue:
     """The jobs of one worker, with a bound on how many may wait for a kernel."""
 
-    def __init__(self, *, max_queued: int, ttl_seconds: float) -> None:
+    def __init__(self, *, max_queued: int, ttl_seconds: float, worker_id: str = "") -> None:
         self._jobs: dict[str, Job] = {}
+        # job ids are "<worker id>.<random>": any worker of a fleet can tell whose a job is
+        self._id_prefix = f"{worker_id}." if worker_id else ""
         self._left = asyncio.Event()  # set whenever a job leaves (collected or expired)
         self._max_queued = max_queued
         self._ttl_seconds = ttl_seconds
@@ -131,6 +134,10 @@ class JobQueue:
         waiting.sort(key=lambda j: j.submitted_at)
         return waiting.index(job) + 1
 
+    def is_own(self, job_id: str) -> bool:
+        """Whether ``job_id`` is, or was, one of this worker's (it starts with its id)."""
+        return bool(self._id_prefix) and job_id.startswith(self._id_prefix)
+
     def get(self, job_id: str) -> Job | None:
         return self._jobs.get(job_id)
 
@@ -140,7 +147,7 @@ class JobQueue:
         waiting = sum(1 for job in self._jobs.values() if job.state in _WAITING)
         if waiting >= self._max_queued:
             raise WorkerBusy(f"Worker queue is full ({self._max_queued} executions waiting)")
-        job = Job(secrets.token_urlsafe(16), execution, run_dir)
+        job = Job(self._id_prefix + secrets.token_urlsafe(16), execution, run_dir)
         self._jobs[job.job_id] = job
         job.task = asyncio.ensure_future(self._run(job, runner))
         return job

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -54,6 +55,51 @@ def parse_gpu_slots(text: str) -> tuple[str, ...]:
     if any(not slot for slot in slots):
         raise ValueError(f"empty GPU id in {text!r}")
     return slots
+
+
+_WORKER_ID = re.compile(r"[A-Za-z0-9-]{1,63}")
+_NOT_ID = re.compile(r"[^A-Za-z0-9-]+")
+_PEER_DNS = re.compile(r"dns:([A-Za-z0-9.-]+):(\d{1,5})")
+
+
+def parse_worker_id(text: str) -> str:
+    """``--worker-id``: 1 to 63 letters, digits and dashes (it starts every job id)."""
+    value = text.strip()
+    if not _WORKER_ID.fullmatch(value):
+        raise ValueError(f"a worker id is 1 to 63 letters, digits and dashes, got {text!r}")
+    return value
+
+
+def default_worker_id(port: int) -> str:
+    """The host's name and the port, so that workers on one host differ: ``gpu-3-9000``."""
+    host = _NOT_ID.sub("-", socket.gethostname()).strip("-")[:57] or "worker"
+    return f"{host}-{port}"
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """``--peers``: base URLs (``http://10.0.0.2:9000``) and ``dns:NAME:PORT`` entries,
+    comma-separated; URLs lose a trailing slash."""
+    peers: list[str] = []
+    for entry in (part.strip() for part in text.split(",")):
+        if not entry:
+            continue
+        dns = _PEER_DNS.fullmatch(entry)
+        if dns is not None:
+            if not 0 < int(dns.group(2)) <= 65535:
+                raise ValueError(f"peer {entry!r}: the port must be 1-65535")
+            peers.append(entry)
+            continue
+        try:
+            parts = urlsplit(entry)
+            parts.port  # noqa: B018 (raises for a port out of range)
+        except ValueError as exc:
+            raise ValueError(f"peer {entry!r}: not a usable URL: {exc}") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"peer {entry!r}: use http://HOST:PORT, https://… or dns:NAME:PORT")
+        if parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError(f"peer {entry!r}: a base URL without credentials, query or fragment")
+        peers.append(entry.rstrip("/"))
+    return tuple(peers)
 
 
 def max_input_bytes_from_env(environ: Mapping[str, str]) -> int:
@@ -124,6 +170,11 @@ class Settings:
     interrupt_grace_seconds: float = 2.0
     output_dir_poll_seconds: float = 5.0
     drain_seconds: float = 30.0
+    worker_id: str | None = None
+    """Starts every job id (``<worker-id>.<random>``); None: :func:`default_worker_id`."""
+    peers: tuple[str, ...] = ()
+    """The other workers behind the same load balancer: polls and cancels this worker cannot
+    answer are forwarded to them (see http/fleet)."""
     heartbeat_seconds: float | None = None
     """``POST /execute`` answers that take longer stream a space this often (strata-pool)."""
     kernel_env_allowlist: tuple[str, ...] = ()
@@ -177,6 +228,8 @@ class Settings:
             raise ValueError("max connections and max uploads must be at least 1")
         if self.connect is not None:
             _check_relay_url(self.connect)
+        if self.worker_id is not None:
+            parse_worker_id(self.worker_id)
         if self.connect and self.connect_token and not _header_safe(self.connect_token):
             # never echoed: it is a secret
             raise ValueError(

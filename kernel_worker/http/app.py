@@ -34,11 +34,12 @@ from ..metrics import WorkerMetrics
 from ..mounts.cache import MountCache
 from ..pull.url_safety import UrlPolicy, guarded_client
 from ..runs.reuse import ReusableFiles
-from ..settings import Settings, memory_backed, prepare_run_root
+from ..settings import Settings, default_worker_id, memory_backed, prepare_run_root
 from ..state import WorkerState
 from .auth import scrub_secrets
 from .connections import ConnectionLimits
 from .fastpath import FastPath
+from .fleet import Fleet
 from .health import router as health_router
 from .metrics_port import MetricsPort, start_metrics_port
 from .openapi import OPENAPI_COMPONENTS
@@ -164,7 +165,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             len(os.environ),
         )
     pool = Pool(pool_config(settings, kernel_env))
-    jobs = JobQueue(max_queued=settings.queue_depth, ttl_seconds=settings.job_ttl_seconds)
+    if settings.worker_id is None:
+        settings = replace(settings, worker_id=default_worker_id(settings.port))
+    assert settings.worker_id is not None
+    fleet = Fleet(settings.worker_id, settings.peers)
+    jobs = JobQueue(
+        max_queued=settings.queue_depth,
+        ttl_seconds=settings.job_ttl_seconds,
+        worker_id=settings.worker_id,
+    )
     owner = _kernel_owner(settings)
     prepare_run_root(settings.run_root)
     if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
@@ -224,12 +233,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
         client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
         state.http_client = client
+        fleet.open()
         releasing = _release_idle_files(state.reusable_files)
         try:
             yield
         finally:
             state.http_client = None
             await client.aclose()
+            await fleet.aclose()
             await cancel_and_wait(releasing)
             if metrics_server is not None:
                 await metrics_server.aclose()
@@ -247,6 +258,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.worker = state
+    app.state.fleet = fleet
     app.include_router(health_router)
     app.include_router(router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

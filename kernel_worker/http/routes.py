@@ -35,6 +35,7 @@ from ..pull.transfers import declared_length
 from ..runs.reuse import MIN_FILE_BYTES, keep_and_remove
 from ..service import submit
 from .auth import check_bearer
+from .fleet import Fleet
 from .heartbeat import HeartbeatResponse, ended_within
 from .openapi import EXECUTE_RESPONSES, MANIFEST_BODY, multipart_body
 from .staging import bind_inputs, stage_multipart
@@ -167,6 +168,9 @@ async def poll_job(job_id: str, request: Request) -> Response:
     state = _state(request)
     job = state.jobs.get(job_id)
     if job is None:
+        fleet: Fleet = request.app.state.fleet
+        if fleet.forwards(request) and not state.jobs.is_own(job_id):
+            return await fleet.poll(request, job_id)  # another worker's (see .fleet)
         raise NotFound("Unknown or expired job")
     job.polled_at = time.monotonic()  # someone is still after it (a drain waits for them)
     if job.done.is_set():
@@ -281,8 +285,12 @@ async def mount_cache_probe(request: Request) -> JSONResponse:
 
 @protected.post("/v1/executions/{build_id}/cancel")
 async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
-    """Stop an in-flight execution of ``build_id``; its kernel is retired."""
+    """Stop an in-flight execution of ``build_id``; its kernel is retired. One that runs
+    nowhere here may run on a peer: they are asked too (see .fleet)."""
     cancelled = _state(request).cancel(build_id)
+    fleet: Fleet = request.app.state.fleet
+    if not cancelled and fleet.forwards(request):
+        cancelled = await fleet.cancel(request, build_id)
     return JSONResponse({"build_id": build_id, "cancelled": cancelled})
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from ..settings import parse_gpu_slots, parse_size
+from ..settings import parse_gpu_slots, parse_peers, parse_size, parse_worker_id
 
 __all__ = [
     "ENV_PREFIX",
@@ -14,6 +14,7 @@ __all__ = [
     "compresslevel",
     "log_level",
     "non_negative_int",
+    "peer_list",
     "port",
     "positive_int",
     "positive_seconds",
@@ -21,6 +22,7 @@ __all__ = [
     "size",
     "size_or_zero",
     "slots",
+    "worker_id",
 ]
 
 ENV_PREFIX = "STRATA_KERNEL_WORKER_"
@@ -95,3 +97,17 @@ def compresslevel(text: str) -> int:
     if not 0 <= value <= 9:
         raise argparse.ArgumentTypeError("must be 0 (stored) to 9")
     return value
+
+
+def worker_id(text: str) -> str:
+    try:
+        return parse_worker_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def peer_list(text: str) -> tuple[str, ...]:
+    try:
+        return parse_peers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None

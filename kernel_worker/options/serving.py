@@ -8,10 +8,12 @@ from .parsing import (
     ENV_PREFIX,
     log_level,
     non_negative_int,
+    peer_list,
     port,
     positive_int,
     positive_seconds,
     seconds,
+    worker_id,
 )
 
 __all__ = ["OPTIONS"]
@@ -188,6 +190,41 @@ OPTIONS: tuple[Option, ...] = (
             "`--preload`) stops them and the worker at once. After the drain, answers still being"
             " sent get 5 s more: a client that stopped reading (or an upload that stopped "
             "sending) cannot hold the stop. Each signal is logged with what it starts."
+        ),
+    ),
+    Option(
+        "--worker-id",
+        f"{ENV_PREFIX}WORKER_ID",
+        worker_id,
+        "this worker's name in a fleet, the start of each of its job ids (default: the host "
+        "name and the port, e.g. gpu-3-9000)",
+        default="host name and port",
+        details=(
+            "This worker's name in a fleet: 1 to 63 letters, digits and dashes. Every job id "
+            "starts with it (`/v1/jobs/<worker-id>.<random>`), so a worker that gets a poll for"
+            " a job of another forwards it to `--peers`, and one for a job of its own that it "
+            "no longer holds answers `404` at once. The default, the host name (other "
+            "characters become dashes) and the port, differs between workers on one host and "
+            "between pods."
+        ),
+    ),
+    Option(
+        "--peers",
+        f"{ENV_PREFIX}PEERS",
+        peer_list,
+        "the other workers behind the same load balancer, comma-separated: base URLs "
+        "(http://10.0.0.2:9000) and dns:NAME:PORT (re-resolved every 5 s); polls and cancels "
+        "for jobs held elsewhere are forwarded to them (default: none)",
+        default="none",
+        details=(
+            "The workers behind the same load balancer, comma-separated: base URLs "
+            "(`http://10.0.0.2:9000`, `https://w2.internal:9443`) and `dns:NAME:PORT` entries,"
+            " each address the name resolves to (re-resolved every 5 s) as `http://ADDRESS:PORT`"
+            " (a Kubernetes headless Service). A poll for another worker's job and a cancel for a"
+            " build not running here are forwarded to every peer at once, with the client's "
+            "`Authorization`; the holder's answer is passed back unchanged. Listing this worker "
+            "itself is harmless. See "
+            "[A fleet behind a load balancer](deployment.md#a-fleet-behind-a-load-balancer)."
         ),
     ),
     Option(
