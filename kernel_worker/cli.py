@@ -134,6 +134,7 @@ def _settings(
         "header_timeout_seconds": values.pop("header_timeout", 10.0),
         "send_timeout_seconds": values.pop("send_timeout", 60.0),
         "run_root": values.pop("run_dir", None) or default_run_root(),
+        "drain_notice_seconds": values.pop("drain_notice", 0.0),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
         "output_dir_poll_seconds": _poll_seconds(environ),
         "allow_local_hosts": allow_local_hosts_from_env(environ),

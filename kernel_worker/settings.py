@@ -170,6 +170,9 @@ class Settings:
     interrupt_grace_seconds: float = 2.0
     output_dir_poll_seconds: float = 5.0
     drain_seconds: float = 30.0
+    drain_notice_seconds: float = 0.0
+    """On SIGTERM, how long ``/ready`` answers 503 while cells are still taken, before the
+    drain: the load balancer's health check takes the worker out first."""
     worker_id: str | None = None
     """Starts every job id (``<worker-id>.<random>``); None: :func:`default_worker_id`."""
     peers: tuple[str, ...] = ()
@@ -228,6 +231,8 @@ class Settings:
             raise ValueError("max connections and max uploads must be at least 1")
         if self.connect is not None:
             _check_relay_url(self.connect)
+        if self.drain_notice_seconds < 0:
+            raise ValueError("drain notice must not be negative")
         if self.worker_id is not None:
             parse_worker_id(self.worker_id)
         if self.connect and self.connect_token and not _header_safe(self.connect_token):

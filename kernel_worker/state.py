@@ -39,6 +39,9 @@ class WorkerState:
     uploads: int = 0
     """Push-model request bodies being received (at most ``max_uploads``)."""
     draining: bool = False
+    withdrawn: bool = False
+    """SIGTERM came: ``/ready`` answers 503 (``--drain-notice``), though cells are still taken
+    until the drain begins."""
     idle: asyncio.Event = field(default_factory=asyncio.Event)
     # set by SIGTERM/SIGINT: a pool still starting (a long preload) stops starting
     stop_requested: asyncio.Event = field(default_factory=asyncio.Event)

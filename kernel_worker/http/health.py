@@ -89,11 +89,13 @@ async def health(request: Request) -> JSONResponse:
 @router.get("/ready")
 async def ready(request: Request) -> JSONResponse:
     """Readiness (a load balancer's probe): 200 only while a warm kernel exists and the
-    worker is not draining, so traffic waits for the pool's warm-up."""
+    worker is not stopping (draining, or in its ``--drain-notice`` before that), so traffic
+    waits for the pool's warm-up and leaves before the drain refuses it."""
     state = _state(request)
     kernels = dict(state.pool.stats().kernels_by_state)
-    is_ready = _warm_kernels(kernels) > 0 and not state.draining
-    body = {"ready": is_ready, "draining": state.draining, "kernels": kernels}
+    stopping = state.withdrawn or state.draining
+    is_ready = _warm_kernels(kernels) > 0 and not stopping
+    body = {"ready": is_ready, "draining": state.draining, "stopping": stopping, "kernels": kernels}
     return JSONResponse(body, status_code=200 if is_ready else 503)
 
 

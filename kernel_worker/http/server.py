@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import socket
@@ -76,8 +77,9 @@ def _stopping(sig: int, count: int, serving: bool) -> None:
 
 
 class _DrainingServer(uvicorn.Server):
-    """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: new executions get
-    503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
+    """uvicorn's server, but on SIGTERM/SIGINT the worker first drains: ``/ready`` answers
+    503 at once and, after ``--drain-notice`` seconds of still taking cells, new executions
+    get 503 (the port still answers), admitted ones finish within ``drain_seconds``; then the
     listener closes, remaining jobs are cancelled, kernels shut down, and the process exits 0.
 
     A second signal (either) stops the drain's wait at once: what is running is cancelled
@@ -109,6 +111,7 @@ class _DrainingServer(uvicorn.Server):
         self.loop, self.cut = asyncio.get_running_loop(), asyncio.Event()
         if self.signals >= 2:  # came before the event existed
             self.cut.set()
+        await self._notice()
         drained = await self.state.drain(self.drain_seconds, self.cut)
         if not drained:
             log.warning(
@@ -121,3 +124,16 @@ class _DrainingServer(uvicorn.Server):
             # connections below ends too
             self.state.cancel_all()
         await super().shutdown(sockets)
+
+    async def _notice(self) -> None:
+        """``--drain-notice``: ``/ready`` answers 503 while cells are still taken, so a load
+        balancer's health check stops sending them before the drain would refuse them."""
+        notice = self.state.settings.drain_notice_seconds
+        self.state.withdrawn = True
+        kernels = self.state.pool.stats().kernels_by_state
+        if notice <= 0 or not any(kernels.get(k) for k in ("idle", "busy", "resetting")):
+            return  # never ready (stopped while starting, or failed to): no balancer sends
+        assert self.cut is not None
+        log.warning("/ready answers 503; cells are still taken for %gs, then the drain", notice)
+        with contextlib.suppress(TimeoutError):  # a second signal ends it at once
+            await asyncio.wait_for(self.cut.wait(), notice)

@@ -193,6 +193,22 @@ OPTIONS: tuple[Option, ...] = (
         ),
     ),
     Option(
+        "--drain-notice",
+        f"{ENV_PREFIX}DRAIN_NOTICE",
+        seconds,
+        "on SIGTERM, how long /ready answers 503 while new cells are still taken, before the "
+        "drain: a load balancer's health check takes the worker out first (default 0)",
+        default="`0`",
+        details=(
+            "On SIGTERM, before the drain: for this long `/ready` answers `503` while new cells "
+            "are still taken, so a load balancer whose health check polls `/ready` stops sending"
+            " cells before the worker would refuse them. Make it longer than the check's "
+            "interval times its failure count, plus its timeout (see "
+            "[A fleet behind a load balancer](deployment.md#a-fleet-behind-a-load-balancer)). "
+            "A second signal ends it at once. The stop takes this much longer."
+        ),
+    ),
+    Option(
         "--worker-id",
         f"{ENV_PREFIX}WORKER_ID",
         worker_id,
