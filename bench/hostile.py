@@ -93,19 +93,33 @@ def _stdout_of(bundle: bytes) -> str:
     return ""
 
 
-class _Watch:
-    """/health asked back to back, and the worker's RSS sampled, in two threads."""
+class HealthWatch:
+    """While a cell runs: ``/health`` asked back to back on a connection of its own (each
+    answer's status and latency), and the worker's RSS sampled every ``sample_seconds``."""
 
-    def __init__(self, url: str, pid: int) -> None:
+    def __init__(self, url: str, pid: int, sample_seconds: float = _SAMPLE_SECONDS) -> None:
         self._url = url
         self._process = psutil.Process(pid)
+        self._sample_seconds = sample_seconds
         self._stop = threading.Event()
         self.latencies: list[float] = []
-        self.failures = 0
+        self.answers: list[int] = []  # status codes; 0 for no answer
         self.sampled_peak = 0
         self._threads = [threading.Thread(target=self._ask), threading.Thread(target=self._sample)]
 
-    def __enter__(self) -> _Watch:
+    @property
+    def failures(self) -> int:
+        return sum(status != 200 for status in self.answers)
+
+    def idle_rss(self) -> int:
+        """The worker's RSS now: the median of five samples 50 ms apart."""
+        samples = []
+        for _ in range(5):
+            samples.append(self._process.memory_info().rss)
+            time.sleep(0.05)
+        return int(statistics.median(samples))
+
+    def __enter__(self) -> HealthWatch:
         for thread in self._threads:
             thread.start()
         return self
@@ -116,18 +130,18 @@ class _Watch:
             thread.join()
 
     def _ask(self) -> None:
-        with httpx.Client(base_url=self._url, timeout=30) as client:
+        with httpx.Client(base_url=self._url, timeout=60) as client:
             while not self._stop.is_set():
                 started = time.perf_counter()
                 try:
-                    ok = client.get("/health").status_code == 200
+                    status = client.get("/health").status_code
                 except httpx.HTTPError:
-                    ok = False
+                    status = 0
                 self.latencies.append(time.perf_counter() - started)
-                self.failures += not ok
+                self.answers.append(status)
 
     def _sample(self) -> None:
-        while not self._stop.wait(_SAMPLE_SECONDS):
+        while not self._stop.wait(self._sample_seconds):
             with contextlib.suppress(psutil.Error):
                 self.sampled_peak = max(self.sampled_peak, self._process.memory_info().rss)
 
@@ -185,7 +199,7 @@ def measure(case: str, cap: str) -> dict[str, Any]:
             idle = _idle_rss(proc.pid)
             exact = reset_peak_rss(proc.pid)
             started = time.perf_counter()
-            with _Watch(url, proc.pid) as watch:
+            with HealthWatch(url, proc.pid) as watch:
                 response = _run_cell(client, CELLS[case])
             seconds = time.perf_counter() - started
         peak = (peak_rss(proc.pid) if exact else None) or watch.sampled_peak

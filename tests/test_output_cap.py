@@ -14,8 +14,6 @@ Real kernels and a real worker over HTTP; the worker's RSS is sampled with psuti
 from __future__ import annotations
 
 import contextlib
-import statistics
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,6 +21,7 @@ import httpx
 import psutil
 import pytest
 
+from bench.hostile import HealthWatch
 from kernel_pool import STREAM_DROPPED_MSG_TYPE, Pool, PoolConfig
 from kernel_worker.http.app import IOPUB_MESSAGE_BYTES
 from kernel_worker.runs.console import truncation_marker
@@ -86,60 +85,18 @@ def solo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
     worker.stop()
 
 
-class _Watch:
-    """While a cell runs: the worker's RSS sampled every 2 ms (psutil), and ``/health``
-    asked back to back on a connection of its own."""
-
-    def __init__(self, worker: WorkerProcess) -> None:
-        self._url = worker.url
-        self._process = psutil.Process(worker.proc.pid)
-        self._stop = threading.Event()
-        self.peak = 0
-        self.answers: list[int] = []  # status codes; 0 for no answer
-        self._threads = [threading.Thread(target=self._sample), threading.Thread(target=self._ask)]
-
-    def idle_rss(self) -> int:
-        samples = []
-        for _ in range(5):
-            samples.append(self._process.memory_info().rss)
-            time.sleep(0.05)
-        return int(statistics.median(samples))
-
-    def __enter__(self) -> _Watch:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join()
-
-    def _sample(self) -> None:
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, self._process.memory_info().rss)
-
-    def _ask(self) -> None:
-        with httpx.Client(base_url=self._url, timeout=60) as client:
-            while not self._stop.is_set():
-                try:
-                    self.answers.append(client.get("/health").status_code)
-                except httpx.HTTPError:
-                    self.answers.append(0)
-
-
 def _watched(worker: WorkerProcess, source: str) -> tuple[httpx.Response, int, list[int]]:
     """The cell's answer, the worker's peak RSS above idle while it ran, and every /health
     status asked meanwhile."""
     with httpx.Client(base_url=worker.url, timeout=300) as client:
         for _ in range(2):  # warm the kernel, the connection and the bundle path
             run_ok(client, "print('warm')")
-        watch = _Watch(worker)
+        watch = HealthWatch(worker.url, worker.proc.pid, sample_seconds=0.002)
         idle = watch.idle_rss()
         with watch:
             response = execute(client, source)
             time.sleep(0.1)  # and a moment after the answer
-    return response, watch.peak - idle, watch.answers
+    return response, watch.sampled_peak - idle, watch.answers
 
 
 def _run_watched(worker: WorkerProcess, source: str) -> tuple[str, int, list[int]]:
