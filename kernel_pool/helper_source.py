@@ -1,5 +1,6 @@
 """What a kernel is started with: the pool's in-kernel helper as one source text, the code
-that loads it into a kernel started without it, and ipykernel's arguments.
+that loads it into a kernel started without it, ipykernel's arguments, and the kernel's
+environment and working directory.
 
 The ``_inkernel*.py`` files are not imported here: they run inside kernels, concatenated in
 the order of ``_INKERNEL_FILES`` into the one module ``_kernel_pool_agent``.
@@ -7,9 +8,19 @@ the order of ``_INKERNEL_FILES`` into the one module ``_kernel_pool_agent``.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-__all__ = ["BOOTSTRAP", "HELPER", "INKERNEL_SOURCE", "KERNEL_ARGS"]
+from .config import PoolConfig
+
+__all__ = [
+    "BOOTSTRAP",
+    "HELPER",
+    "INKERNEL_SOURCE",
+    "KERNEL_ARGS",
+    "kernel_cwd",
+    "kernel_environment",
+]
 
 # the helper, and the interpreter and library settings its reset restores, as one module
 _INKERNEL_FILES = (
@@ -57,3 +68,29 @@ KERNEL_ARGS = (
     # 0) it does not print how to connect to the kernel.
     "--IPKernelApp.parent_handle=1",
 )
+
+
+def kernel_environment(
+    config: PoolConfig, slot: str | None, kernel_dir: Path, tmp_dir: Path, *, own_user: bool
+) -> dict[str, str]:
+    """A kernel's environment: the configured one (else the pool's), with its GPU slot, its
+    own IPython and temp folders, and, for a kernel of its own user, its own home."""
+    env = dict(config.env if config.env is not None else os.environ)
+    if slot is not None:
+        env["CUDA_VISIBLE_DEVICES"] = slot
+    env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    env["IPYTHONDIR"] = str(kernel_dir / "ipython")
+    for name in ("TMPDIR", "TEMP", "TMP", "KERNEL_POOL_TMPDIR"):  # a temp folder of its own
+        env[name] = str(tmp_dir)
+    if own_user:  # a user that may have no home directory
+        env["HOME"] = env["MPLCONFIGDIR"] = str(kernel_dir)
+    env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    return env
+
+
+def kernel_cwd(config: PoolConfig, kernel_dir: Path, *, own_user: bool) -> Path:
+    """The configured directory; else the kernel's own for a user of its own, else the
+    pool's."""
+    if config.kernel_cwd is not None:
+        return config.kernel_cwd
+    return kernel_dir if own_user else Path.cwd()

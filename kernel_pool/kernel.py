@@ -37,7 +37,14 @@ from .errors import (
     PreloadError,
 )
 from .forkserver import ForkServer, killed_with_kernel
-from .helper_source import BOOTSTRAP, HELPER, INKERNEL_SOURCE, KERNEL_ARGS
+from .helper_source import (
+    BOOTSTRAP,
+    HELPER,
+    INKERNEL_SOURCE,
+    KERNEL_ARGS,
+    kernel_cwd,
+    kernel_environment,
+)
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
@@ -62,6 +69,8 @@ from .replies import (
 log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
+
+
 class KernelState(enum.Enum):
     STARTING = "starting"
     IDLE = "idle"
@@ -137,31 +146,16 @@ class Kernel:
             "kernel %s ready in %.2fs (slot %s)", self.kernel_id, self.start_seconds, self.slot
         )
 
-    def _environment(self) -> dict[str, str]:
-        env = dict(self._config.env if self._config.env is not None else os.environ)
-        if self.slot is not None:
-            env["CUDA_VISIBLE_DEVICES"] = self.slot
-        env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
-        env["IPYTHONDIR"] = str(self._kernel_dir / "ipython")
-        for name in ("TMPDIR", "TEMP", "TMP", "KERNEL_POOL_TMPDIR"):  # a temp folder of its own
-            env[name] = str(self._tmp_dir)
-        if self._identity is not None:  # a user that may have no home directory
-            env["HOME"] = env["MPLCONFIGDIR"] = str(self._kernel_dir)
-        env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
-        return env
-
-    def _cwd(self) -> Path:
-        if self._config.kernel_cwd is not None:
-            return self._config.kernel_cwd
-        # the kernel's user gets its own directory; otherwise the worker's directory
-        return self._kernel_dir if self._identity is not None else Path.cwd()
-
     async def _launch(self, deadline: float) -> None:
         if self._identity is not None:
             os.chown(self._kernel_dir, *self._identity)
             os.chown(self._tmp_dir, *self._identity)
         arguments = [*KERNEL_ARGS, *self._config.extra_arguments]
-        env, cwd = self._environment(), self._cwd()
+        own_user = self._identity is not None
+        env = kernel_environment(
+            self._config, self.slot, self._kernel_dir, self._tmp_dir, own_user=own_user
+        )
+        cwd = kernel_cwd(self._config, self._kernel_dir, own_user=own_user)
         if self._config.kernel_name is None and self._fork_server is not None:
             forked = ForkedKernel(self._kernel_dir / "ipc")
             self._process = forked
