@@ -17,6 +17,7 @@ from .errors import (
     PreloadError,
 )
 from .kernel import KernelState
+from .kinds import DEFAULT_KIND, KernelKind
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, ProcessMemory
 from .messages import STREAM_DROPPED_MSG_TYPE, ExecuteResult, Output, dropped_characters
@@ -24,6 +25,7 @@ from .pool import Pool
 from .stats import DurationSummary, PoolStats
 
 __all__ = [
+    "DEFAULT_KIND",
     "STREAM_DROPPED_MSG_TYPE",
     "DurationSummary",
     "ExecuteResult",
@@ -31,6 +33,7 @@ __all__ = [
     "ExecutionTimeout",
     "KernelDied",
     "KernelInitError",
+    "KernelKind",
     "KernelNoReply",
     "KernelStartError",
     "KernelState",

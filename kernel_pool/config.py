@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .kinds import DEFAULT_KIND, KernelKind
+
 
 class RecyclePolicy(enum.Enum):
     """What happens to a kernel after a lease."""
@@ -23,8 +25,8 @@ class PoolConfig:
     """Kernels that may be leased at once."""
     spares: int = 0
     """Extra warm kernels kept ready so a retirement never makes a request wait."""
-    kernel_name: str | None = None
-    """Jupyter kernelspec name; ``None`` means ipykernel of the current interpreter."""
+    kind: KernelKind = DEFAULT_KIND
+    """What starts the pool's kernels (interpreter or kernelspec, fork or spawn, preload)."""
     setup_code: str | None = None
     """Code the pool's user runs in every kernel before the preload (e.g. an agent)."""
     fork_setup_code: str | None = None
@@ -36,15 +38,6 @@ class PoolConfig:
     """Run instead of ``setup_code`` in kernels forked from the fork server, which start
     with what ``fork_setup_code`` loaded (``None``: ``setup_code``). A kernel runs its setup
     as a cell, which IPython reads token by token: a short one starts the kernel sooner."""
-    preload: str | None = None
-    """User code whose names every kernel starts with (part of the baseline). With the fork
-    server it runs once, as plain Python, in the template every kernel is forked from (it
-    must leave no threads, sockets, open files or CUDA context); spawned kernels run it at
-    start, as a cell."""
-    kernel_init: str | None = None
-    """User code run in every kernel at start, as a cell, after the preload and the fork:
-    what cannot be forked (a GPU context, threads, connections). Its names join the
-    baseline too."""
     recycle: RecyclePolicy = RecyclePolicy.RESET
     max_uses: int | None = None
     max_kernel_memory: int | None = None
@@ -71,8 +64,6 @@ class PoolConfig:
     restart_backoff_seconds: tuple[float, float] = (0.5, 30.0)
     """First and largest delay between failed kernel starts."""
     extra_arguments: tuple[str, ...] = field(default=())
-    fork_server: bool = True
-    """Fork the native kernel from a process with ipykernel imported (``kernel_name=None``)."""
     max_iopub_message: int | None = None
     """The most bytes one IOPub message of a kernel may take; ``None``: any. What the kernel
     itself would send over it (an error's value and traceback, a display, a comm's data) is

@@ -76,6 +76,7 @@ def kernel_environment(
     """A kernel's environment: the configured one (else the pool's), with its GPU slot, its
     own IPython and temp folders, and, for a kernel of its own user, its own home."""
     env = dict(config.env if config.env is not None else os.environ)
+    env.update(config.kind.env)
     if slot is not None:
         env["CUDA_VISIBLE_DEVICES"] = slot
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")

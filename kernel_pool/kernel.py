@@ -48,7 +48,6 @@ from .helper_source import (
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
-    NATIVE_KERNEL_NAME,
     KernelIdentity,
     descendants,
     kernel_identity,
@@ -156,21 +155,20 @@ class Kernel:
             self._config, self.slot, self._kernel_dir, self._tmp_dir, own_user=own_user
         )
         cwd = kernel_cwd(self._config, self._kernel_dir, own_user=own_user)
-        if self._config.kernel_name is None and self._fork_server is not None:
+        kind = self._config.kind
+        if kind.forks and self._fork_server is not None:
             forked = ForkedKernel(self._kernel_dir / "ipc")
             self._process = forked
-            self.preloaded_in_template = self._config.preload is not None
+            self.preloaded_in_template = kind.preload is not None
             await forked.start(
                 self._fork_server, arguments, env, cwd, self._identity, INKERNEL_SOURCE,
-                self._config.fork_setup_code, deadline, self._config.preload,
+                self._config.fork_setup_code, deadline, kind.preload,
                 self._config.start_timeout_seconds,
             )  # fmt: skip
         else:
-            native = self._config.kernel_name is None
+            own_spec = kind.kernel_name is None
             spawned = SpawnedKernel(
-                self._config.kernel_name or NATIVE_KERNEL_NAME,
-                self._kernel_dirs if native else None,
-                self._kernel_dir,
+                kind.spec_name, self._kernel_dirs if own_spec else None, self._kernel_dir
             )
             self._process = spawned
             await spawned.start(
@@ -215,9 +213,9 @@ class Kernel:
         setup = bootstrap + "\n" + (setup_code or "")
         # the stages after the setup: the preload (unless the template ran it before the
         # fork), then the per-kernel stage; the baseline is captured after the last
-        stages = [("kernel init", self._config.kernel_init)]
+        stages = [("kernel init", self._config.kind.kernel_init)]
         if not self.preloaded_in_template:
-            stages.insert(0, ("preload", self._config.preload))
+            stages.insert(0, ("preload", self._config.kind.preload))
         steps = [("setup", setup), *((what, code) for what, code in stages if code)]
         for position, (what, code) in enumerate(steps):
             calls = {"mark": mark["mark"]} if position == 0 else {}

@@ -30,9 +30,10 @@ from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .forkserver import ForkServer
 from .kernel import Kernel, KernelState
+from .kinds import write_kernelspec
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, process_memory
-from .processes import native_kernelspec_dir, processes_of_uid
+from .processes import processes_of_uid
 from .stats import PoolStats, StatsRecorder
 
 log = logging.getLogger(__name__)
@@ -78,7 +79,7 @@ class Pool:
         self._private_dir: Path | None = None
         self._kernel_dirs: list[Path] = []
         self._fork_server: ForkServer | None = None
-        if config.fork_server and config.kernel_name is None:
+        if config.kind.forks:
             self._fork_server = ForkServer(config.env if config.env is not None else os.environ)
         self._stats = StatsRecorder()
 
@@ -103,7 +104,7 @@ class Pool:
         # kernels running as another user may traverse (not list) it to reach their own dir
         other_users = self.config.kernel_user or self.config.kernel_uids
         self._private_dir.chmod(0o711 if other_users else 0o700)
-        self._kernel_dirs = [native_kernelspec_dir(self._private_dir)]
+        self._kernel_dirs = [write_kernelspec(self.config.kind, self._private_dir)]
         results = await asyncio.gather(
             *(self._start_one() for _ in range(self.config.target_kernels)),
             return_exceptions=True,

@@ -7,31 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import grp
-import json
 import os
 import pwd
-import sys
-from pathlib import Path
 
 import psutil
 
 from .config import PoolConfig
 from .errors import KernelStartError
-
-NATIVE_KERNEL_NAME = "kernel-pool-python"
-
-
-def native_kernelspec_dir(private_dir: Path) -> Path:
-    """Write a kernelspec running ipykernel on this interpreter; return its kernels dir."""
-    spec_dir = private_dir / "kernels" / NATIVE_KERNEL_NAME
-    spec_dir.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"]
-    (spec_dir / "kernel.json").write_text(
-        json.dumps({"argv": argv, "display_name": "Python (kernel pool)", "language": "python"}),
-        encoding="utf-8",
-    )
-    return spec_dir.parent
-
 
 _PROC_CHILDREN = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 

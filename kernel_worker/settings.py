@@ -130,7 +130,7 @@ class Settings:
     spares: int = 0
     kernel_name: str | None = None
     kernel_start: str = "fork"
-    """'fork' (from the pool's fork server) or 'spawn'; see kernel_pool.PoolConfig.fork_server."""
+    """'fork' (from the pool's fork server) or 'spawn'; see kernel_pool.KernelKind.fork."""
     preload: str | None = None
     kernel_init: str | None = None
     """A file run in each kernel after the fork (the preload runs once, before it)."""

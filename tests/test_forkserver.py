@@ -21,7 +21,15 @@ import pytest
 
 import kernel_pool
 from bench.soak import zombies
-from kernel_pool import KernelDied, KernelStartError, Lease, Pool, PoolConfig, PreloadError
+from kernel_pool import (
+    KernelDied,
+    KernelKind,
+    KernelStartError,
+    Lease,
+    Pool,
+    PoolConfig,
+    PreloadError,
+)
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 
 from .conftest import alive, start_worker, wait_gone
@@ -130,7 +138,7 @@ async def test_a_forked_kernel_inherits_no_descriptor_of_the_pool(pool: Pool) ->
     ids=["exit-3", "sigkill"],
 )  # fmt: skip
 async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status: int) -> None:
-    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool:
+    async with Pool(PoolConfig(size=1, kind=KernelKind(fork=fork_server))) as pool:
         async with pool.lease() as lease:
             with pytest.raises(KernelDied) as died:
                 await lease.execute(code, deadline=time.monotonic() + 20)
@@ -143,7 +151,7 @@ async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
 async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
     bad = ("--IPKernelApp.transport=bogus",)  # ipykernel refuses it
-    config = PoolConfig(size=1, fork_server=fork_server, extra_arguments=bad)
+    config = PoolConfig(size=1, extra_arguments=bad, kind=KernelKind(fork=fork_server))
     with pytest.raises(KernelStartError, match=r"exited during start-up \(exit status 1\)"):
         await Pool(config).start()
     # the failed start cleaned up after itself: no fork server (or kernel) of it is left
@@ -155,7 +163,7 @@ async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
 async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_error(
     fork_server: bool,
 ) -> None:
-    config = PoolConfig(size=1, fork_server=fork_server, preload="import os\nos._exit(7)")
+    config = PoolConfig(size=1, kind=KernelKind(fork=fork_server, preload="import os\nos._exit(7)"))
     # forked: the preload runs once, in the template (the fork server), before any kernel
     died = "template" if fork_server else "kernel"
     with pytest.raises(PreloadError, match=rf"the {died} died running it \(exit status 7\)"):
@@ -163,7 +171,7 @@ async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_er
 
 
 async def test_spawned_kernels_interrupt_and_run() -> None:
-    async with Pool(PoolConfig(size=1, fork_server=False)) as pool:
+    async with Pool(PoolConfig(size=1, kind=KernelKind(fork=False))) as pool:
         (pid,) = pool.kernel_pids().values()
         assert pid is not None and psutil.Process(pid).ppid() == os.getpid()
         async with pool.lease() as lease:
@@ -218,7 +226,7 @@ async def test_closing_the_pool_lets_kernels_exit_cleanly(
     (tmp_path / "says_bye.py").write_text(
         f"import atexit, pathlib\natexit.register(pathlib.Path({str(marker)!r}).write_text, 'bye')\n"
     )
-    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool:
+    async with Pool(PoolConfig(size=1, kind=KernelKind(fork=fork_server))) as pool:
         async with pool.lease() as lease:
             await run(lease, f"import sys\nsys.path.insert(0, {str(tmp_path)!r})\nimport says_bye")
         await settle(pool, idle=1)  # back in the pool (a reset in flight is cut by closing)
@@ -374,9 +382,9 @@ def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path:
     its new parent, for good)."""
     script = (
         "import asyncio\n"
-        "from kernel_pool import Pool, PoolConfig\n"
+        "from kernel_pool import KernelKind, Pool, PoolConfig\n"
         f"config = PoolConfig(size=1, runtime_dir={str(tmp_path)!r},\n"
-        "                    kernel_init='import time\\ntime.sleep(3)')\n"
+        "                    kind=KernelKind(kernel_init='import time\\ntime.sleep(3)'))\n"
         "asyncio.run(Pool(config).start())\n"
     )
     owner = subprocess.Popen([sys.executable, "-c", script])
@@ -417,7 +425,7 @@ _PREPARED = (
 
 @pytest.mark.parametrize("fork_server", [True, False])
 async def test_fork_setup_code_runs_once_in_the_fork_server(fork_server: bool) -> None:
-    config = PoolConfig(size=2, fork_server=fork_server, fork_setup_code=_FORK_SETUP)
+    config = PoolConfig(size=2, fork_setup_code=_FORK_SETUP, kind=KernelKind(fork=fork_server))
     async with Pool(config) as pool, pool.lease() as first, pool.lease() as second:
         seen = [json.loads(await run(lease, _PREPARED)) for lease in (first, second)]
         server = fork_server_of(pool).pid if fork_server else None
@@ -430,11 +438,7 @@ async def test_fork_setup_code_runs_once_in_the_fork_server(fork_server: bool) -
 
 @pytest.mark.parametrize("fork_server", [True, False])
 async def test_forked_kernels_run_the_forked_setup_code_instead(fork_server: bool) -> None:
-    config = PoolConfig(
-        size=1, fork_server=fork_server, fork_setup_code=_FORK_SETUP,
-        setup_code="setup_ran = 'setup_code'\n",
-        forked_setup_code="setup_ran = 'forked_setup_code'\n",
-    )  # fmt: skip
+    config = PoolConfig(size=1, fork_setup_code=_FORK_SETUP, setup_code="setup_ran = 'setup_code'\n", forked_setup_code="setup_ran = 'forked_setup_code'\n", kind=KernelKind(fork=fork_server))  # fmt: skip
     async with Pool(config) as pool, pool.lease() as lease:
         ran = await run(lease, "print(setup_ran)")
     assert ran == ("forked_setup_code\n" if fork_server else "setup_code\n")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from jupyter_client.blocking import BlockingKernelClient
 
-from kernel_pool import Lease, Output, Pool, PoolConfig
+from kernel_pool import KernelKind, Lease, Output, Pool, PoolConfig
 
 from .test_pool import stdout_of
 
@@ -68,7 +68,10 @@ async def _subscribed(lease: Lease) -> IOPubListener:
 
 @pytest.fixture
 async def leased(fork_server: bool) -> AsyncIterator[tuple[Lease, IOPubListener]]:
-    async with Pool(PoolConfig(size=1, fork_server=fork_server)) as pool, pool.lease() as lease:
+    async with (
+        Pool(PoolConfig(size=1, kind=KernelKind(fork=fork_server))) as pool,
+        pool.lease() as lease,
+    ):
         listener = await _subscribed(lease)
         try:
             yield lease, listener
@@ -220,7 +223,7 @@ async def test_output_of_a_subprocess_reaches_the_cell_that_ran_it(fork_server: 
     )
     # ipykernel captures no descriptor output under pytest (it looks for this variable)
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
-    config = PoolConfig(size=1, fork_server=fork_server, env=env)
+    config = PoolConfig(size=1, env=env, kind=KernelKind(fork=fork_server))
     async with Pool(config) as pool, pool.lease() as lease:
         for _ in range(3):
             result = await lease.execute(cell, deadline=time.monotonic() + 10)

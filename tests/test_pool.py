@@ -16,6 +16,7 @@ import pytest
 from kernel_pool import (
     ExecutionTimeout,
     KernelDied,
+    KernelKind,
     KernelStartError,
     Lease,
     Pool,
@@ -103,7 +104,7 @@ async def started(config: PoolConfig) -> AsyncIterator[Pool]:
 @pytest.fixture
 async def pool() -> AsyncIterator[Pool]:
     preload = "import json\nmodel = {'weights': [1, 2, 3]}"
-    async with started(PoolConfig(size=1, preload=preload)) as p:
+    async with started(PoolConfig(size=1, kind=KernelKind(preload=preload))) as p:
         yield p
 
 
@@ -265,7 +266,9 @@ async def test_cell_ignoring_sigint_is_killed_within_grace() -> None:
 
 
 async def test_kernel_ignoring_sigint_is_killed(fault_kernels: Path) -> None:
-    config = PoolConfig(size=1, kernel_name="ignores-sigint", interrupt_grace_seconds=0.3)
+    config = PoolConfig(
+        size=1, interrupt_grace_seconds=0.3, kind=KernelKind(kernel_name="ignores-sigint")
+    )
     async with Pool(config) as pool:
         async with pool.lease() as lease:
             started = time.monotonic()
@@ -302,24 +305,30 @@ async def test_external_sigkill_mid_cell(pool: Pool) -> None:
 
 
 async def test_preload_failure_fails_start_with_its_message() -> None:
-    pool = Pool(PoolConfig(size=1, preload="raise RuntimeError('model file missing')"))
+    pool = Pool(
+        PoolConfig(size=1, kind=KernelKind(preload="raise RuntimeError('model file missing')"))
+    )
     with pytest.raises(PreloadError, match="RuntimeError: model file missing"):
         await asyncio.wait_for(pool.start(), 30)
 
 
 async def test_kernel_that_fails_to_start(fault_kernels: Path) -> None:
-    pool = Pool(PoolConfig(size=1, kernel_name="fails-to-start", start_timeout_seconds=10))
+    pool = Pool(
+        PoolConfig(size=1, start_timeout_seconds=10, kind=KernelKind(kernel_name="fails-to-start"))
+    )
     with pytest.raises(KernelStartError):
         await asyncio.wait_for(pool.start(), 30)
 
 
 async def test_unknown_kernelspec() -> None:
     with pytest.raises(KernelStartError, match="no such kernelspec"):
-        await Pool(PoolConfig(size=1, kernel_name="no-such-kernel-anywhere")).start()
+        await Pool(
+            PoolConfig(size=1, kind=KernelKind(kernel_name="no-such-kernel-anywhere"))
+        ).start()
 
 
 async def test_slow_starting_kernel_is_waited_for(fault_kernels: Path) -> None:
-    async with Pool(PoolConfig(size=1, kernel_name="slow-start")) as pool:
+    async with Pool(PoolConfig(size=1, kind=KernelKind(kernel_name="slow-start"))) as pool:
         assert pool.stats().kernel_start.max_seconds >= 1.5
         async with pool.lease() as lease:
             assert await run(lease, "print(2)") == "2\n"
@@ -409,7 +418,7 @@ async def test_gpu_slots_and_environment() -> None:
 async def test_kernel_folders_are_private_and_removed(fork_server: bool) -> None:
     """A forked kernel has no connection file at all (its key came through a pipe); a
     spawned one's is in its private folder. Both folders go with the pool."""
-    pool = Pool(PoolConfig(size=1, fork_server=fork_server))
+    pool = Pool(PoolConfig(size=1, kind=KernelKind(fork=fork_server)))
     await pool.start()
     private = pool.private_dir
     assert private is not None
@@ -437,12 +446,13 @@ async def test_cancelled_lease_retires_the_kernel(pool: Pool) -> None:
 
 
 async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
-    config = PoolConfig(size=1, restart_backoff_seconds=(0.2, 0.4))
+    kind = KernelKind(fork=False)
+    config = PoolConfig(size=1, restart_backoff_seconds=(0.2, 0.4), kind=kind)
     async with Pool(config) as pool:
         async with pool.lease() as lease:
             lease.retire()
         # break kernel starts from now on: the refill must fail, back off and report it
-        object.__setattr__(pool.config, "kernel_name", "fails-to-start")
+        object.__setattr__(pool.config, "kind", KernelKind(kernel_name="fails-to-start"))
         await asyncio.sleep(2.0)
         stats = pool.stats()
         assert 1 <= stats.start_failures <= 8
@@ -521,7 +531,9 @@ async def test_comm_messages_reach_in_kernel_code() -> None:
     )
     async with Pool(PoolConfig(size=1, setup_code=setup)) as pool, pool.lease() as lease:
         deadline = time.monotonic() + 10
-        await lease.send("comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}}, deadline=deadline)
+        await lease.send(
+            "comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}}, deadline=deadline
+        )
         outputs = await lease.send(
             "comm_msg", {"comm_id": "c1", "data": {"n": 21}}, deadline=deadline, buffers=[b"abc"]
         )
@@ -561,7 +573,9 @@ async def test_modules_a_cell_imported_stay_and_keep_the_kernel(pool: Pool, last
     async with pool.lease() as lease:
         first = lease.kernel_id
         before = await run(lease, "import colorsys, sys\nprint(id(colorsys))", last=last)
-    after = await run_again_after_reset(pool, first, "import sys\nprint(id(sys.modules['colorsys']))")
+    after = await run_again_after_reset(
+        pool, first, "import sys\nprint(id(sys.modules['colorsys']))"
+    )
     assert after == before  # the same module object: still imported, not imported again
     assert_reset_path(pool, last)
     assert pool.stats().retirements["failed_reset"] == 0
@@ -707,7 +721,7 @@ async def test_closing_stops_a_replacement_whose_preload_is_still_running(tmp_pa
         f"import os, time\nif os.path.exists({str(marker)!r}):\n    time.sleep(60)\n"
         f"open({str(marker)!r}, 'w').close()\n"
     )
-    pool = Pool(PoolConfig(size=1, preload=preload))
+    pool = Pool(PoolConfig(size=1, kind=KernelKind(preload=preload)))
     await pool.start()
     try:
         async with pool.lease() as lease:

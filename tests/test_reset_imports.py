@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel_pool import Pool, PoolConfig
+from kernel_pool import KernelKind, Pool, PoolConfig
 
 from .test_pool import (
     assert_cell_leaves_kernel_unclean,
@@ -108,7 +108,7 @@ async def pool_importing_from(folder: Path) -> AsyncIterator[Pool]:
     """A one-kernel pool whose kernels import from ``folder`` (the preload puts it on
     ``sys.path``, part of the baseline)."""
     preload = f"import sys\nsys.path.insert(0, {str(folder)!r})\ndel sys"
-    async with started(PoolConfig(size=1, preload=preload)) as p:
+    async with started(PoolConfig(size=1, kind=KernelKind(preload=preload))) as p:
         yield p
 
 
@@ -311,7 +311,7 @@ async def test_a_cells_thread_that_reuses_an_ended_baseline_threads_ident_retire
         "thread.start()\nprint(thread.ident == ident)\n"
     )
     # the per-kernel stage: threads cannot be forked from the template
-    async with started(PoolConfig(size=1, kernel_init=preload)) as pool:
+    async with started(PoolConfig(size=1, kind=KernelKind(kernel_init=preload))) as pool:
         async with pool.lease() as lease:
             first = lease.kernel_id
             reused = await run(lease, code, last=last)

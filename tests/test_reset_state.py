@@ -25,7 +25,7 @@ import httpx
 import psutil
 import pytest
 
-from kernel_pool import Pool, PoolConfig
+from kernel_pool import KernelKind, Pool, PoolConfig
 
 from .conftest import WorkerProcess
 from .test_pool import assert_reset_path, run, settle, started
@@ -445,7 +445,7 @@ async def test_to_thread_keeps_the_kernel_after_a_kernel_init_that_used_it() -> 
     default executor, whose idle threads then counted as the baseline's and a cell's new ones
     as left running."""
     kernel_init = "import asyncio\nawait asyncio.to_thread(sum, [1])\n"
-    async with started(PoolConfig(size=1, kernel_init=kernel_init)) as pool:
+    async with started(PoolConfig(size=1, kind=KernelKind(kernel_init=kernel_init))) as pool:
         cell = (
             "import asyncio, time\n"
             "await asyncio.gather(*(asyncio.to_thread(time.sleep, 0.05) for _ in range(4)))"
@@ -818,7 +818,7 @@ async def test_a_preloads_settings_are_the_baseline() -> None:
         "warnings.warn('hidden by the preload')\n"
         "print(len(logging.root.handlers), logging.root.level, np.get_printoptions()['precision'])"
     )
-    async with started(PoolConfig(size=1, preload=preload)) as pool:
+    async with started(PoolConfig(size=1, kind=KernelKind(preload=preload))) as pool:
         before = await probe_once(pool, probe)
         assert before == "1 20 3\n"  # the preload's: one handler, INFO, precision 3
         change = (

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel_pool import KernelInitError, Pool, PoolConfig, PreloadError, RecyclePolicy
+from kernel_pool import KernelInitError, KernelKind, Pool, PoolConfig, PreloadError, RecyclePolicy
 
 from .conftest import start_worker
 from .test_pool import run, settle, started
@@ -41,7 +41,9 @@ def _counting_preload(runs: Path) -> str:
 
 async def test_the_preload_runs_once_and_every_kernel_has_its_names(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    async with started(PoolConfig(size=2, preload=_counting_preload(runs))) as pool:
+    async with started(
+        PoolConfig(size=2, kind=KernelKind(preload=_counting_preload(runs)))
+    ) as pool:
         assert len(runs.read_text().split()) == 1  # one run for two kernels
         async with pool.lease() as one, pool.lease() as two:
             for lease in (one, two):
@@ -65,7 +67,9 @@ async def _kill_and_await_replacement(pool: Pool, pid: int | None, *, idle: int)
 
 async def test_a_replacement_is_forked_without_running_the_preload_again(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    async with started(PoolConfig(size=1, preload=_counting_preload(runs))) as pool:
+    async with started(
+        PoolConfig(size=1, kind=KernelKind(preload=_counting_preload(runs)))
+    ) as pool:
         (pid,) = pool.kernel_pids().values()
         await _kill_and_await_replacement(pool, pid, idle=1)
         async with pool.lease() as lease:
@@ -77,7 +81,10 @@ async def test_under_fresh_a_preloaded_object_changed_in_place_is_pristine_again
     tmp_path: Path,
 ) -> None:
     config = PoolConfig(
-        size=1, spares=1, recycle=RecyclePolicy.FRESH, preload=_counting_preload(tmp_path / "r")
+        size=1,
+        spares=1,
+        recycle=RecyclePolicy.FRESH,
+        kind=KernelKind(preload=_counting_preload(tmp_path / "r")),
     )
     async with started(config) as pool:
         for _ in range(3):
@@ -96,7 +103,9 @@ async def test_kernel_init_runs_once_per_kernel_with_its_gpu_slot(tmp_path: Path
         "    fh.write(f'{slot} {os.getpid()}\\n')\n"
         "%config InlineBackend.figure_formats = ['png']\n"  # a cell: magics work here
     )
-    config = PoolConfig(size=2, gpu_slots=("0", "1"), preload="base = 10", kernel_init=kernel_init)
+    config = PoolConfig(
+        size=2, gpu_slots=("0", "1"), kind=KernelKind(preload="base = 10", kernel_init=kernel_init)
+    )
     async with started(config) as pool:
         pids = {str(pid) for pid in pool.kernel_pids().values()}
         seen = dict(line.split()[::-1] for line in inits.read_text().splitlines())
@@ -134,14 +143,17 @@ async def test_kernel_init_runs_once_per_kernel_with_its_gpu_slot(tmp_path: Path
 async def test_a_preload_that_cannot_be_the_template_fails_the_start(
     preload: str, message: str
 ) -> None:
-    pool = Pool(PoolConfig(size=1, preload=preload))
+    pool = Pool(PoolConfig(size=1, kind=KernelKind(preload=preload)))
     with pytest.raises(PreloadError, match=message):
         await asyncio.wait_for(pool.start(), 60)
 
 
 async def test_a_failing_kernel_init_fails_the_start_with_where() -> None:
     pool = Pool(
-        PoolConfig(size=1, preload="x = 1", kernel_init="y = 2\nraise ValueError('no gpu')")
+        PoolConfig(
+            size=1,
+            kind=KernelKind(preload="x = 1", kernel_init="y = 2\nraise ValueError('no gpu')"),
+        )
     )
     with pytest.raises(KernelInitError, match=r"ValueError: no gpu \(line 2\)"):
         await asyncio.wait_for(pool.start(), 60)
@@ -149,7 +161,7 @@ async def test_a_failing_kernel_init_fails_the_start_with_where() -> None:
 
 async def test_spawned_kernels_run_the_preload_each_with_the_same_result(tmp_path: Path) -> None:
     runs = tmp_path / "runs"
-    config = PoolConfig(size=2, fork_server=False, preload=_counting_preload(runs))
+    config = PoolConfig(size=2, kind=KernelKind(fork=False, preload=_counting_preload(runs)))
     async with started(config) as pool:
         async with pool.lease() as lease:
             assert (
@@ -206,7 +218,10 @@ def test_kernel_init_and_a_refused_preload_through_the_command_line(tmp_path: Pa
 
 async def test_a_traceback_through_a_preloaded_function_shows_its_source() -> None:
     preload = "def load(name):\n    raise LookupError(f'no weights for {name}')\n"
-    async with started(PoolConfig(size=1, preload=preload)) as pool, pool.lease() as lease:
+    async with (
+        started(PoolConfig(size=1, kind=KernelKind(preload=preload))) as pool,
+        pool.lease() as lease,
+    ):
         result = await lease.execute("load('bert')", deadline=time.monotonic() + 20)
     assert not result.ok
     text = "\n".join(
@@ -228,7 +243,7 @@ async def test_a_scikit_learn_model_fitted_once_serves_every_kernel(tmp_path: Pa
         f"open({str(runs)!r}, 'a').write('fit\\n')\n"
     )
     cell = "print(model.predict([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]]).tolist())"
-    async with started(PoolConfig(size=2, preload=preload)) as pool:
+    async with started(PoolConfig(size=2, kind=KernelKind(preload=preload))) as pool:
         async with pool.lease() as one, pool.lease() as two:
             assert await run(one, cell) == await run(two, cell) == "[0, 2]\n"
             pid = one.pid

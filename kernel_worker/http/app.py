@@ -20,19 +20,27 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from kernel_pool import KernelInitError, KernelStartError, Pool, PoolConfig, PreloadError
+from kernel_pool import (
+    KernelInitError,
+    KernelKind,
+    KernelStartError,
+    Pool,
+    PoolConfig,
+    PreloadError,
+)
 
 from .. import __version__
 from ..agent import fork_setup_code, forked_setup_code, setup_code
 from ..cancellation import cancel_and_wait
 from ..errors import WorkerError, error_response
-from ..execution import KEPT_DIR_PREFIX, ExecutionContext, sweep_stale_run_dirs
+from ..execution import ExecutionContext
 from ..jobs import JobQueue
 from ..kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
 from ..logs import RequestIdMiddleware
 from ..metrics import WorkerMetrics
 from ..mounts.cache import MountCache
 from ..pull.url_safety import UrlPolicy, guarded_client
+from ..runs.directory import KEPT_DIR_PREFIX, sweep_stale_run_dirs
 from ..runs.reuse import ReusableFiles
 from ..settings import Settings, default_worker_id, memory_backed, prepare_run_root
 from ..state import WorkerState
@@ -74,13 +82,15 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     return PoolConfig(
         size=settings.pool_size,
         spares=settings.spares,
-        kernel_name=settings.kernel_name,
-        fork_server=settings.kernel_start == "fork",
+        kind=KernelKind(
+            kernel_name=settings.kernel_name,
+            fork=settings.kernel_start == "fork",
+            preload=_read(settings.preload),
+            kernel_init=_read(settings.kernel_init),
+        ),
         setup_code=setup_code(),
         fork_setup_code=fork_setup_code(),
         forked_setup_code=forked_setup_code(),
-        preload=_read(settings.preload),
-        kernel_init=_read(settings.kernel_init),
         recycle=settings.recycle,
         max_uses=settings.max_uses,
         max_kernel_memory=settings.max_kernel_memory,

@@ -1,0 +1,95 @@
+"""What starts a kernel, as one value: a :class:`KernelKind`.
+
+A pool serves kernels of one kind. The kind says which program runs the kernel (ipykernel on
+this interpreter, ipykernel on another interpreter or environment, or any Jupyter
+kernelspec), its language, whether kernels are forked from a template or spawned, and what
+every kernel of the kind starts with (the preload and the per-kernel init). Leasing, reset
+and retirement never look at the kind: adding a kind touches only how a kernel is started.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["DEFAULT_KIND", "KernelKind", "write_kernelspec"]
+
+
+@dataclass(frozen=True, slots=True)
+class KernelKind:
+    """One way of starting a kernel."""
+
+    name: str = "default"
+    """A label for logs, stats and metrics; pools of a :class:`~kernel_pool.PoolSet` are
+    told apart by it."""
+    language: str = "python"
+    """The language the kernel runs (what the pool's user may send it)."""
+    kernel_name: str | None = None
+    """A Jupyter kernelspec to spawn; ``None``: ipykernel of :attr:`python`."""
+    python: Path | None = None
+    """The interpreter ipykernel runs on (``None``: the pool's own). An environment's
+    interpreter sees its own packages first."""
+    python_path: tuple[Path, ...] = ()
+    """Folders appended to the kernel's ``sys.path`` after its own site-packages: what the
+    kernel needs (ipykernel) where the environment lacks it, never shadowing what the
+    environment has."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """Variables added to the pool's kernel environment (e.g. ``VIRTUAL_ENV``)."""
+    fork: bool = True
+    """Fork kernels from a template process that imported ipykernel once. Only ipykernel
+    on the pool's own interpreter can be forked; other kinds are always spawned."""
+    preload: str | None = None
+    """User code whose names every kernel starts with (part of the baseline). Forked
+    kernels get it from the template, where it runs once as plain Python (it must leave no
+    threads, sockets, open files or CUDA context); spawned kernels run it at start."""
+    kernel_init: str | None = None
+    """User code run in every kernel at start, as a cell, after the preload and the fork:
+    what cannot be forked (a GPU context, threads, connections). Its names join the
+    baseline too."""
+
+    def __post_init__(self) -> None:
+        if not self.name.strip():
+            raise ValueError("a kernel kind needs a name")
+        if self.kernel_name is not None and (self.python is not None or self.python_path):
+            raise ValueError("a kernelspec kind names no interpreter or python_path")
+
+    @property
+    def forks(self) -> bool:
+        """Whether kernels of this kind are forked from the fork server."""
+        return self.fork and self.kernel_name is None and self.python is None
+
+    @property
+    def spec_name(self) -> str:
+        """The kernelspec that spawns kernels of this kind (one the pool writes, unless
+        the kind names its own)."""
+        return self.kernel_name or _OWN_SPEC
+
+
+DEFAULT_KIND = KernelKind()
+"""ipykernel on the pool's own interpreter, forked from a template."""
+
+_OWN_SPEC = "kernel-pool-python"
+
+
+def write_kernelspec(kind: KernelKind, private_dir: Path) -> Path:
+    """Write the kernelspec that runs ipykernel for ``kind`` under ``private_dir`` and
+    return its kernels folder (for ``KernelSpecManager(kernel_dirs=...)``)."""
+    spec_dir = private_dir / "kernels" / _OWN_SPEC
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    python = str(kind.python) if kind.python is not None else sys.executable
+    start = ["-m", "ipykernel_launcher"]
+    if kind.python_path:  # as ipykernel_launcher, with the kind's folders last on sys.path
+        start = ["-c", (
+            "import sys\n"
+            "if sys.path and sys.path[0] == '': del sys.path[0]\n"
+            f"sys.path.extend({[str(p) for p in kind.python_path]!r})\n"
+            "from ipykernel import kernelapp\n"
+            "kernelapp.launch_new_instance()\n"
+        )]  # fmt: skip
+    argv = [python, *start, "-f", "{connection_file}"]
+    spec = {"argv": argv, "display_name": f"Python ({kind.name})", "language": kind.language}
+    (spec_dir / "kernel.json").write_text(json.dumps(spec), encoding="utf-8")
+    return spec_dir.parent
