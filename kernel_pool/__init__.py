@@ -22,6 +22,7 @@ from .lease import Lease, RetireReason
 from .memory import PoolMemory, ProcessMemory
 from .messages import STREAM_DROPPED_MSG_TYPE, ExecuteResult, Output, dropped_characters
 from .pool import Pool
+from .pools import KindPoolStats, PoolSet
 from .stats import DurationSummary, PoolStats
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "KernelKind",
     "KernelNoReply",
     "KernelStartError",
+    "KindPoolStats",
     "KernelState",
     "Lease",
     "Output",
@@ -45,6 +47,7 @@ __all__ = [
     "PoolConfig",
     "PoolError",
     "PoolMemory",
+    "PoolSet",
     "PoolStats",
     "PreloadError",
     "ProcessMemory",

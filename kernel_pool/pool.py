@@ -20,7 +20,7 @@ import shutil
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +59,13 @@ def _remove_abandoned_private_dirs(parent: Path) -> None:
 class Pool:
     """A pool of warm kernels. Use ``await pool.start()`` then ``async with pool.lease()``."""
 
-    def __init__(self, config: PoolConfig) -> None:
+    def __init__(
+        self, config: PoolConfig, *, uids_elsewhere: Callable[[], set[int]] | None = None
+    ) -> None:
+        """``uids_elsewhere``: with ``kernel_uids``, the uids of the range that kernels of
+        other pools hold (pools sharing one range never give one uid to two kernels)."""
         self.config = config
+        self._uids_elsewhere = uids_elsewhere
         self._kernels: dict[str, Kernel] = {}
         self._idle: deque[Kernel] = deque()
         self._available = asyncio.Condition()
@@ -330,7 +335,9 @@ class Pool:
         if self.config.kernel_uids is None:
             return None
         first, last = self.config.kernel_uids
-        held = {k.own_uid for k in self._kernels.values()}
+        held = self.held_uids()
+        if self._uids_elsewhere is not None:
+            held |= self._uids_elsewhere()
         for uid in range(first, last + 1):
             if uid not in held and not processes_of_uid(uid):
                 return uid
@@ -462,6 +469,10 @@ class Pool:
             template=process_memory(server),
             kernels={kernel: memory for kernel, memory in kernels.items() if memory is not None},
         )
+
+    def held_uids(self) -> set[int]:
+        """The uids of ``kernel_uids`` that this pool's kernels hold."""
+        return {uid for k in self._kernels.values() if (uid := k.own_uid) is not None}
 
     def kernel_pids(self) -> dict[str, int | None]:
         """Process ids of the live kernels (for diagnostics and tests)."""
