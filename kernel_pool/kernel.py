@@ -181,19 +181,19 @@ class Kernel:
             self._deliver,
             max_message=self._config.max_iopub_message,
         )
-        await self._wait_ready()
+        await self._wait_ready(deadline)
         if self._identity is not None:  # no file may give a cell another kernel's key
             self._process.forget_connection_file()
 
-    async def _wait_ready(self) -> None:
-        """Wait until the kernel answers ``kernel_info`` and its IOPub messages reach us.
+    async def _wait_ready(self, deadline: float) -> None:
+        """Wait until the kernel answers ``kernel_info`` and its IOPub messages reach us,
+        by the start's ``deadline`` (:class:`KernelStartError` then).
 
         The IOPub subscription may connect after the kernel's first messages (ZMQ's slow
         joiner): a reply whose idle status does not follow soon is asked again. Unlike
         jupyter_client's ``wait_for_ready``, no fixed 0.2 s IOPub flush is waited out
         afterwards (messages of other requests are ignored by ``_collect`` anyway).
         """
-        deadline = time.monotonic() + self._config.start_timeout_seconds
         while True:
             msg_id = self._shell().send("kernel_info_request", {})
             if await answered_with_iopub(self._events, msg_id, deadline, self.kernel_id):

@@ -56,6 +56,21 @@ def _remove_abandoned_private_dirs(parent: Path) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+async def _finish(work: Coroutine[Any, Any, None]) -> None:
+    """Run ``work`` to its end even when this wait is cancelled (cleanup must not be cut
+    short); such a cancellation is raised once ``work`` has ended."""
+    task = asyncio.ensure_future(work)
+    interrupted: asyncio.CancelledError | None = None
+    while not task.done():
+        try:
+            await asyncio.wait({task})
+        except asyncio.CancelledError as exc:  # ours: asyncio.wait raises none of the task's
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
+    task.result()
+
+
 class Pool:
     """A pool of warm kernels. Use ``await pool.start()`` then ``async with pool.lease()``."""
 
@@ -73,6 +88,7 @@ class Pool:
         self._free_slots: list[str | None] = self._initial_slots()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._starts: set[asyncio.Task[Any]] = set()  # kernel starts among them
+        self._retiring: set[Kernel] = set()  # retired, not killed yet
         self._refill_wanted = asyncio.Event()
         self._failed_starts = 0  # since the refill loop last looked
         self._last_failure: BaseException | None = None
@@ -98,10 +114,22 @@ class Pool:
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Start every kernel concurrently; raise the first failure (after cleaning up)."""
+        """Start every kernel concurrently; raise the first failure.
+
+        A start that fails or is cancelled closes the pool before it ends: no kernel, fork
+        server or private folder outlives it.
+        """
         if self._started:
             raise PoolError("pool already started")
         self._started = True
+        try:
+            await self._start_kernels()
+        except BaseException:
+            await _finish(self.aclose())
+            raise
+        self._spawn(self._refill_loop())
+
+    async def _start_kernels(self) -> None:
         parent = Path(self.config.runtime_dir or tempfile.gettempdir())
         await asyncio.to_thread(_remove_abandoned_private_dirs, parent)
         self._private_dir = Path(tempfile.mkdtemp(prefix=_PRIVATE_PREFIX, dir=parent))
@@ -116,15 +144,27 @@ class Pool:
         )
         errors = [r for r in results if isinstance(r, BaseException)]
         if errors:
-            await self.aclose()
             raise errors[0]
-        self._spawn(self._refill_loop())
 
     async def aclose(self) -> None:
-        """Stop leasing, wait briefly for leases in flight, stop every kernel, clean up."""
+        """Stop leasing, wait briefly for leases in flight, stop every kernel, clean up.
+
+        Cancelled, it hurries instead of stopping half-way: the background tasks are
+        cancelled and the kernels killed rather than waited for, the fork server and the
+        private folder go, and only then is the cancellation raised.
+        """
         if self._closing.is_set():
             return
         self._closing.set()
+        try:
+            await self._close_gracefully()
+        except BaseException:
+            await _finish(self._close_now())
+            raise
+        finally:
+            await _finish(self._release_resources())
+
+    async def _close_gracefully(self) -> None:
         async with self._available:
             self._available.notify_all()
         if self._leased:
@@ -134,11 +174,31 @@ class Pool:
                 )
         await self._drain_tasks()
         kernels = list(self._kernels.values())
-        self._kernels.clear()
-        self._idle.clear()
         for _ in kernels:
             self._stats.retired(RetireReason.SHUTDOWN)
-        await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
+        killed = list(self._retiring)  # their kill tasks were cancelled by the drain
+        await asyncio.gather(
+            *(k.shutdown() for k in kernels), *(k.kill() for k in killed), return_exceptions=True
+        )
+        self._kernels.clear()
+        self._idle.clear()
+        self._retiring.clear()
+
+    async def _close_now(self) -> None:
+        """What a cancelled close still does: every background task cancelled and ended,
+        every kernel killed."""
+        while self._tasks:  # a task that ends may spawn another (a retirement's kill)
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        kernels = [*self._kernels.values(), *self._retiring]
+        self._kernels.clear()
+        self._idle.clear()
+        self._retiring.clear()
+        await asyncio.gather(*(k.kill() for k in kernels), return_exceptions=True)
+
+    async def _release_resources(self) -> None:
         if self._fork_server is not None:
             await self._fork_server.aclose()
         if self._private_dir is not None:
@@ -299,8 +359,16 @@ class Pool:
             self._idle.remove(kernel)
         self._free_slots.append(kernel.slot)
         self._stats.retired(reason)
-        self._spawn(kernel.kill())
+        self._retiring.add(kernel)
+        self._spawn(self._kill_retired(kernel))
         self._refill_wanted.set()
+
+    async def _kill_retired(self, kernel: Kernel) -> None:
+        """Kill a retired kernel (until this runs, closing the pool kills it instead)."""
+        try:
+            await kernel.kill()
+        finally:
+            self._retiring.discard(kernel)
 
     def _on_kernel_death(self, kernel: Kernel) -> None:
         """A kernel nobody holds died (e.g. a cell asked it to exit): replace it now."""
