@@ -8,143 +8,33 @@ directory with a JSON report before the kernel replies, so a cell costs one roun
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import contextlib
 import json
 import logging
 import os
-import re
-import secrets
-import shutil
-import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from types import MappingProxyType
+from typing import Any
 
 from kernel_pool import ExecuteResult, ExecutionTimeout, KernelDied, KernelNoReply, Lease
 
-from .agent.display_files import EXTENSIONS
-from .errors import CellTimedOut, KernelCrashed, storage_checked
-from .protocol.bundle import CellOutcome, MimeDisplay
+from .agent.plan import KernelLimits, PlannedInput, RunPlan
+from .errors import CellTimedOut, KernelCrashed
+from .protocol.bundle import CellOutcome
 from .protocol.envelopes import CellRequest
-from .runs import displays as display_limits
 from .runs import files as run_files
 from .runs import layout as run_layout
 from .runs import output_dirs
-from .runs.displays import JupyterDisplay
+from .runs.directory import SMALL_IO_BYTES, RunDir, hand_over, offload
+from .runs.display_files import mime_files
 from .runs.limits import RunLimits
 from .runs.messages import ConsoleListener as ConsoleListener  # (service, transfers import it here)
 from .runs.messages import OutputReducer
 from .runs.reuse import ReusableFiles
 
 log = logging.getLogger(__name__)
-_P = ParamSpec("_P")
-_T = TypeVar("_T")
-
-DISPLAY_FOLDER = "display"
-"""The run directory's folder of the cell's Jupyter displays, one file per mime type."""
-_BINARY_MIME = frozenset({"image/png", "image/jpeg", "image/gif", "application/pdf"})
-
-
-@dataclass(eq=False, slots=True)
-class RunDir:
-    """The per-request directory layout (everything the request touches lives here)."""
-
-    root: Path
-    received_bytes: int = 0
-    """Request bytes staged into it (a hint of how much there is to remove)."""
-    waiting_since: float | None = None
-    """Event-loop time since which the worker waits for the request body's next bytes;
-    None while it is not waiting on the client (staging a chunk, or the body is in)."""
-    inputs: Path = field(init=False)
-    work: Path = field(init=False)
-    files: Path = field(init=False)
-    display: Path = field(init=False)
-    report: Path = field(init=False)
-    """Where the agent writes what it collected (JSON)."""
-    dirs: Path = field(init=False)
-    bundle_file: Path = field(init=False)
-    """Where a bundle written to a file goes."""
-
-    def __post_init__(self) -> None:
-        # joined once: the request's path reads them many times
-        self.inputs = self.root / "inputs"
-        self.work = self.root / "work"
-        self.files = self.root / "files"
-        self.display = self.root / DISPLAY_FOLDER
-        self.report = self.root / run_layout.REPORT_FILE
-        self.dirs = self.root / output_dirs.FOLDER
-        self.bundle_file = self.root / run_layout.BUNDLE_FILE
-
-    @classmethod
-    def make(cls, parent: Path | None) -> RunDir:
-        """A new, private run directory under ``parent`` (blocking: use a thread).
-
-        Named like ``mkdtemp`` would (unpredictable, created 0700, never reused), without
-        its per-call parameter checks and pure-Python name generator. A parent removed
-        since start-up (a temp-dir cleaner) is made again.
-        """
-        base = os.path.abspath(parent if parent is not None else tempfile.gettempdir())
-        prefix = f"{RUN_DIR_PREFIX}{os.getpid()}-"  # the owner's pid: see sweep_stale_run_dirs
-        while True:
-            root = os.path.join(base, prefix + secrets.token_urlsafe(6))
-            try:
-                os.mkdir(root, 0o700)
-                break
-            except FileExistsError:
-                continue
-            except FileNotFoundError:
-                os.makedirs(base, exist_ok=True)
-                os.mkdir(root, 0o700)
-                break
-        try:
-            for sub in _RUN_SUBDIRS:
-                os.mkdir(os.path.join(root, sub))
-        except BaseException:  # (a full filesystem, a path too long): leave nothing behind
-            shutil.rmtree(root, ignore_errors=True)
-            raise
-        return cls(Path(root))
-
-
-_RUN_SUBDIRS = ("inputs", "work", "files", DISPLAY_FOLDER)
-
-
-RUN_DIR_PREFIX = "skw-run-"
-KEPT_DIR_PREFIX = "skw-kept-"
-"""The folder of a worker's kept files (see file_reuse): ``skw-kept-<pid>``."""
-_STALE = re.compile(rf"^(?:{RUN_DIR_PREFIX}(\d+)-|{KEPT_DIR_PREFIX}(\d+)$)")
-
-
-def sweep_stale_run_dirs(parent: Path | None) -> int:
-    """Remove run dirs (and kept files) left by workers that died without cleaning up
-    (blocking).
-
-    Only directories whose owning process no longer exists are touched, so workers sharing
-    a run root leave each other alone. Returns how many were removed.
-    """
-    root = Path(parent) if parent is not None else Path(tempfile.gettempdir())
-    removed = 0
-    with contextlib.suppress(OSError):
-        for entry in os.scandir(root):
-            match = _STALE.match(entry.name)
-            owner = match and int(match[1] or match[2])
-            if owner and entry.is_dir(follow_symlinks=False) and not _alive(owner):
-                shutil.rmtree(entry.path, ignore_errors=True)
-                removed += 1
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,72 +53,42 @@ class ExecutionContext:
     """The caps on what a run may unpack, display and return (sent to the agent in the plan)."""
 
 
-SMALL_IO_BYTES = 256 * 1024
-"""File work on at most this many bytes of a memory-backed run dir runs on the event loop."""
-
-
-async def offload(inline: bool, fn: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T:
-    """Run blocking file work: inline when ``inline`` (a few small files on a memory
-    filesystem, where a thread hop costs more than the work itself), else in a thread."""
-    if inline:
-        return fn(*args, **kwargs)
-    return await asyncio.to_thread(fn, *args, **kwargs)
-
-
-def hand_over(root: Path, owner: tuple[int, int]) -> None:
-    """Give the kernels' user the run directory (blocking: use a thread).
-
-    Directories and single-link files change owner; hard links (read-only mount views
-    sharing the machine's cache blobs) are left alone, since they are readable as they are.
-    """
-    uid, gid = owner
-    os.chown(root, uid, gid)
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames:
-            os.chown(os.path.join(dirpath, name), uid, gid, follow_symlinks=False)
-        for name in filenames:
-            path = os.path.join(dirpath, name)
-            if os.lstat(path).st_nlink == 1:
-                os.chown(path, uid, gid, follow_symlinks=False)
-
-
 def build_plan(
     request: CellRequest,
     run_dir: RunDir,
+    env: Mapping[str, str],
+    limits: KernelLimits,
+    spares: Sequence[tuple[str, int]] = (),
     mounts: Mapping[str, str] | None = None,
     folders: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """The data the in-kernel agent needs to bind inputs and collect outputs."""
-    inputs = [
-        {
-            "name": spec.name,
-            "content_type": spec.content_type,
-            "path": str(run_dir.inputs / spec.file),
-            "injected": [
-                {
-                    "name": sub.name,
-                    "content_type": sub.content_type,
-                    "path": str(run_dir.inputs / sub.file),
-                }
+) -> RunPlan:
+    """The data the in-kernel agent needs to bind inputs and collect outputs, complete
+    (creating the ``# @output_dir`` folders touches the disk: then use a thread)."""
+    inputs = tuple(
+        PlannedInput(
+            spec.name,
+            spec.content_type,
+            str(run_dir.inputs / spec.file),
+            tuple(
+                PlannedInput(sub.name, sub.content_type, str(run_dir.inputs / sub.file))
                 for sub in spec.injected
-            ],
-        }
+            ),
+        )
         for spec in request.inputs
-    ]
-    return {
-        "inputs": inputs,
-        "paths": {
-            **(mounts or {}),
-            **output_dirs.prepare(run_dir.dirs, folders),
-        },
-        "env": dict(request.env),
-        "work_dir": str(run_dir.work),
-        "files_dir": str(run_dir.files),
-        "display_dir": str(run_dir.display),
-        "report_path": str(run_dir.report),
-        "mutation_defines": list(request.mutation_defines),
-        "tables": dict(request.tables),
-    }
+    )
+    return RunPlan(
+        inputs=inputs,
+        paths={**(mounts or {}), **output_dirs.prepare(run_dir.dirs, folders)},
+        env=MappingProxyType(dict(env)),
+        work_dir=str(run_dir.work),
+        files_dir=str(run_dir.files),
+        display_dir=str(run_dir.display),
+        report_path=str(run_dir.report),
+        mutation_defines=tuple(request.mutation_defines),
+        tables=request.tables,
+        limits=limits,
+        spares=tuple(spares),
+    )
 
 
 async def run_cell(
@@ -246,21 +106,13 @@ async def run_cell(
     ``mounts`` maps mount names to the local folders the cell gets as ``Path`` objects.
     """
     folders = output_dirs.declared(request.source)
-    # creating output folders touches the disk: only then is it worth a thread
-    plan = (
-        await asyncio.to_thread(build_plan, request, run_dir, mounts, folders)
-        if folders
-        else build_plan(request, run_dir, mounts)
-    )
-    if lease.slot is not None:
-        # the kernel's GPU wins over a caller's value, for the cell and what it starts
-        # (CUDA in the kernel read the slot at start; a child would read this)
-        plan["env"]["CUDA_VISIBLE_DEVICES"] = lease.slot
+    # (a kernel's GPU slot is the pool's: it wins over a caller's CUDA_VISIBLE_DEVICES)
+    env = dict(request.env)
     reuse = context.reuse
     offered = reuse.offer() if reuse is not None else []
-    plan["limits"] = context.limits.for_kernel()
-    if offered:
-        plan["spares"] = offered
+    parts = (request, run_dir, env, context.limits.for_kernel(), offered, mounts, folders)
+    # creating output folders touches the disk: only then is it worth a thread
+    plan = await asyncio.to_thread(build_plan, *parts) if folders else build_plan(*parts)
     owner = lease.identity or context.kernel_owner  # the leased kernel's own uid, if any
     if owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, owner)
@@ -272,7 +124,7 @@ async def run_cell(
             request.source if request.source.strip() else "pass",
             deadline=started + request.timeout_seconds,
             store_history=False,
-            metadata={"strata": plan},
+            metadata={"strata": plan.to_dict()},
             on_output=reducer.feed,
             last=True,  # one cell per lease: the kernel resets itself right after replying
             stream_cap=context.console_cap,  # the kernel drops (and counts) the rest itself
@@ -328,7 +180,7 @@ def _outcome(
     # what the cell broke in its run directory is known before anything there is read
     reserved = (run_layout.BUNDLE_FILE,) if result.ok else run_layout.RESERVED_AFTER_FAILURE
     damages = run_layout.check(run_dir.root, owned, reserved)
-    mime = _mime_files(reducer.displays, run_dir.root, damages)
+    mime = mime_files(reducer.displays, run_dir.root, damages)
     lost = run_layout.failure(damages)
     in_error = result.ok and lost is not None
     report, failure = _report(result, reducer, run_dir) if not in_error else ({}, None)
@@ -386,68 +238,3 @@ def _report(
         message = f"collecting the cell's outputs failed: {report['error']}"
         return report, ("OutputCollectionError", message, "")
     return report, None
-
-
-def _mime_files(
-    displays: Sequence[JupyterDisplay], run_root: Path, damages: list[run_layout.Damage]
-) -> list[MimeDisplay]:
-    """The displays' mime files, unless the cell broke their folder (then none; a folder
-    broken while they are written, by a process the cell left, is added to ``damages``)."""
-    where = f"{DISPLAY_FOLDER}/"
-    if not displays or any(damage.where == where for damage in damages):
-        return []
-    displaced: dict[str, int] = {}
-    try:
-        with storage_checked("the cell's displays"):
-            written = write_jupyter_displays(displays, run_root, displaced)
-        damages.extend(run_layout.set_aside(displaced))
-        return written
-    except OSError:
-        lost = run_layout.DISPLAYS_LOST
-        damage = run_layout.damage_to(run_root, (DISPLAY_FOLDER,), lost)
-        damages.append(damage or run_layout.Damage(where, "something else", lost))
-        return []
-
-
-def write_jupyter_displays(
-    displays: Sequence[JupyterDisplay], run_root: Path, displaced: dict[str, int] | None = None
-) -> list[MimeDisplay]:
-    """Write every mime type of every display as ``display/<index><ext>`` in the run
-    directory ``run_root``, each a new file (blocking: use a thread). A format the agent
-    wrote as a file itself is that file, if it is as the agent described it (else left out).
-
-    The cell can write in that folder too: whatever it left at a name (a link to a file only
-    the worker may write, a FIFO, a folder) is moved aside, never written through (see
-    run_files), and told to ``displaced``.
-    """
-    written: list[MimeDisplay] = []
-    for index, display in enumerate(displays):
-        files, dropped = display_limits.written_files(display), display_limits.dropped(display)
-        for mime, value in display.data.items():
-            if mime in files:  # the agent wrote it (see display_limits)
-                name, size = files[mime]
-                if display_limits.verified_file(run_root, name, size):
-                    written.append(MimeDisplay(name, mime, index, display.output_type))
-                continue
-            ext = EXTENSIONS.get(mime, ".json" if mime.endswith("json") else ".bin")
-            name = f"{index}{ext}" if ext != ".bin" else f"{index}-{len(written)}.bin"
-            with run_files.create(run_root, [DISPLAY_FOLDER, name], displaced) as fh:
-                fh.write(_mime_bytes(mime, value))
-            written.append(MimeDisplay(name, mime, index, display.output_type, dropped))
-    return written
-
-
-def _mime_bytes(mime: str, value: Any) -> bytes:
-    """A display's value as its file's bytes. Text is UTF-8 (a lone surrogate becomes U+FFFD);
-    a binary type's base64 is decoded, and one that is not base64 (a repr method's own
-    text) is kept as the text it came as."""
-    if mime in _BINARY_MIME and isinstance(value, str):
-        try:
-            return base64.b64decode(value)
-        except binascii.Error:
-            pass
-    if isinstance(value, list) and all(isinstance(v, str) for v in value):
-        value = "".join(value)
-    if isinstance(value, str):
-        return value.encode("utf-8", "replace")
-    return json.dumps(value, indent=2).encode("utf-8")

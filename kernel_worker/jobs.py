@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 from .cancellation import cancel_and_wait
 from .errors import Cancelled, WorkerBusy, WorkerError
-from .execution import RunDir
 from .protocol.streaming import BundleStream
+from .runs.directory import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -21,13 +21,14 @@ from kernel_pool import PoolClosed
 
 from .cancellation import unless_cancelled
 from .errors import CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
-from .execution import SMALL_IO_BYTES, ConsoleListener, RunDir, offload, run_cell
+from .execution import ConsoleListener, run_cell
 from .jobs import Execution, Job, JobResult
 from .mounts.materialize import materialize, sync_back
 from .protocol.bundle import CellOutcome, bundle_bytes, stored_bundle_length, write_bundle
 from .protocol.envelopes import CellRequest
 from .protocol.streaming import BundleStream
 from .runs import files as run_files
+from .runs.directory import SMALL_IO_BYTES, RunDir, offload
 from .runs.reuse import ReusableFiles, new_file
 from .state import WorkerState
 

@@ -14,8 +14,8 @@ import pytest
 
 from kernel_worker.cancellation import cancel_and_wait, unless_cancelled, wait_ended
 from kernel_worker.errors import Cancelled
-from kernel_worker.execution import RUN_DIR_PREFIX, RunDir
 from kernel_worker.jobs import Execution, Job, JobQueue, JobResult, JobState
+from kernel_worker.runs.directory import RUN_DIR_PREFIX, RunDir
 
 
 async def _bounded(seconds: float, check: object) -> None:

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from kernel_worker.agent import arrow_codec
-from kernel_worker.execution import sweep_stale_run_dirs
+from kernel_worker.runs.directory import sweep_stale_run_dirs
 from kernel_worker.runs.reuse import (
     MIN_FILE_BYTES,
     ReusableFiles,

@@ -31,9 +31,9 @@ from urllib.parse import urljoin, urlsplit
 import httpx
 import pytest
 
-from kernel_worker.execution import RunDir
 from kernel_worker.http.fleet import HOP_HEADER, Peers
 from kernel_worker.jobs import Execution, Job, JobQueue, JobResult
+from kernel_worker.runs.directory import RunDir
 from kernel_worker.settings import default_worker_id, memory_backed, parse_peers, parse_worker_id
 
 from .conftest import ROOT, SHM, WorkerProcess, free_port, stop_process

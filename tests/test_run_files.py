@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from kernel_worker import service
-from kernel_worker.execution import RunDir
 from kernel_worker.pull.output_stream import OutputDirStreamer
 from kernel_worker.runs import files as run_files
+from kernel_worker.runs.directory import RunDir
 
 from .fake_store import FakeStore
 from .test_bundle import outcome

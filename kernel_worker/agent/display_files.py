@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .archives import size_text
+from .plan import DisplayLimits, RunPlan
 
 __all__ = ["MARKER", "SPILL_BYTES", "checked", "install", "note", "over", "reason"]
 
@@ -61,8 +62,6 @@ EXTENSIONS = {
 _COMPARE_CHUNK = 1024 * 1024
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-
-Plan = Mapping[str, Any]
 
 
 class _Shown:
@@ -102,9 +101,9 @@ class _Run:
 _state: dict[str, _Run | None] = {"run": None}
 
 
-def _run_of(plan: Plan) -> _Run | None:
-    folder = plan.get("display_dir")
-    if not isinstance(folder, str) or not folder:
+def _run_of(plan: RunPlan) -> _Run | None:
+    folder = plan.display_dir
+    if not folder:
         return None
     run = _state["run"]
     if run is None or run.folder != folder:  # each run directory is new: a new run
@@ -112,7 +111,7 @@ def _run_of(plan: Plan) -> _Run | None:
     return run
 
 
-def install(shell: Any, current_plan: Callable[[], Plan | None]) -> None:
+def install(shell: Any, current_plan: Callable[[], RunPlan | None]) -> None:
     """Put the caps and the files in front of ``shell``'s display publisher and display hook
     (for the run ``current_plan()`` returns; nothing changes outside runs)."""
     publisher = shell.display_pub
@@ -158,7 +157,7 @@ def _apply_clear(run: _Run) -> None:
 
 
 def _outgoing(
-    plan: Plan, data: Any, metadata: Any, display_id: object, update: object
+    plan: RunPlan, data: Any, metadata: Any, display_id: object, update: object
 ) -> tuple[Any, Any]:
     """The display's data and metadata as they are sent: large formats as files, or a note."""
     run = _run_of(plan)
@@ -174,7 +173,7 @@ def _outgoing(
         _apply_clear(run)
         replaced = []
     kept = run.kept_bytes() - sum(s.size for s in replaced)
-    dropped = over(plan, size, kept, max(len(replaced), 1))
+    dropped = over(plan.limits, size, kept, max(len(replaced), 1))
     if dropped is not None:
         _keep(run, replaced, display_id, 0, [])
         return {"text/plain": note(dropped)}, {MARKER: {"dropped": dropped}}
@@ -193,14 +192,14 @@ def _outgoing(
     return sent, described
 
 
-def over(plan: Plan, size: int, kept: int, copies: int = 1) -> dict[str, object] | None:
+def over(caps: DisplayLimits, size: int, kept: int, copies: int = 1) -> dict[str, object] | None:
     """Why a display of ``size`` bytes, shown ``copies`` times beside ``kept`` bytes the run
-    keeps, is dropped: ``{"bytes", "cap", "limit"}``; None when it fits."""
-    limits = plan.get("limits") or {}
-    one, whole = limits.get("display_bytes"), limits.get("run_display_bytes")
-    if isinstance(one, int) and size > one:
+    keeps, is dropped under ``caps`` (the plan's limits): ``{"bytes", "cap", "limit"}``;
+    None when it fits."""
+    one, whole = caps["display_bytes"], caps["run_display_bytes"]
+    if size > one:
         return {"bytes": size, "cap": one, "limit": DISPLAY_FLAG}
-    if isinstance(whole, int) and kept + size * copies > whole:
+    if kept + size * copies > whole:
         return {"bytes": size, "cap": whole, "limit": RUN_FLAG}
     return None
 
@@ -281,7 +280,7 @@ def _write(run: _Run, mime: str, raw: bytes) -> str | None:
 # -- the reference view, after the cell ------------------------------------------------------------
 
 
-def checked(displays: list[dict[str, Any]], files_dir: str, plan: Plan) -> list[dict[str, Any]]:
+def checked(displays: list[dict[str, Any]], files_dir: str, plan: RunPlan) -> list[dict[str, Any]]:
     """The reference view's display entries held to the caps (a file over them is removed and
     its entry says why), each sharing its file with a written display file of the same
     bytes."""
@@ -296,7 +295,7 @@ def checked(displays: list[dict[str, Any]], files_dir: str, plan: Plan) -> list[
         path = os.path.join(files_dir, os.path.basename(file))
         size = _regular_size(path)
         if os.path.basename(file).startswith("__display__"):  # not a variable's own file
-            dropped = over(plan, size, total)
+            dropped = over(plan.limits, size, total)
             if dropped is not None:
                 _unlink(path)
                 error = f"Display {index} was dropped: {reason(dropped)}"

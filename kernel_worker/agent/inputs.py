@@ -13,39 +13,30 @@ from . import arrow_codec, codecs
 from .run_state import current
 
 
-def given_names(plan):
-    names = {spec["name"] for spec in plan.get("inputs", ())}
-    names.update(plan.get("paths") or ())
-    for table in plan.get("tables") or ():
-        names.update((table, f"{table}_snapshot"))
-    return names
-
-
 def bind(shell, run):
-    plan = run.plan
-    arrow_codec.offer_spares(plan.get("spares"))
-    for key, value in (plan.get("env") or {}).items():
-        os.environ[str(key)] = str(value)
-    work_dir = plan.get("work_dir")
+    plan = run.plan  # a RunPlan (see plan)
+    arrow_codec.offer_spares(list(plan.spares))
+    for key, value in plan.env.items():
+        os.environ[key] = value
+    work_dir = plan.work_dir
     if work_dir:
         os.chdir(work_dir)
     ns = shell.user_ns
     for name in ("_", "__", "___"):  # IPython's output placeholders: no such names here
         if ns.get(name, None) == "":
             del ns[name]
-    for spec in plan.get("inputs", ()):
-        name = spec["name"]
+    for spec in plan.inputs:
+        name = spec.name
         try:
             injected = {
-                sub["name"]: codecs.load_input(sub["path"], sub["content_type"])
-                for sub in spec.get("injected", ())
+                sub.name: codecs.load_input(sub.path, sub.content_type) for sub in spec.injected
             }
             value = codecs.load_input(
-                spec["path"],
-                spec["content_type"],
+                spec.path,
+                spec.content_type,
                 injected=injected or None,
                 work_dir=work_dir,
-                limits=plan.get("limits"),
+                limits=plan.limits,
             )
         except codecs.RArtifactError as exc:  # the two errors that name their input
             raise codecs.RArtifactError(exc.file_path, variable_name=name) from None
@@ -58,11 +49,11 @@ def bind(shell, run):
         ns[name] = value
         run.inputs[name] = value
         run.fingerprints[name] = codecs.fingerprint(value)
-    for name, path in (plan.get("paths") or {}).items():
+    for name, path in plan.paths.items():
         ns[name] = pathlib.Path(path)
-    for name, table in (plan.get("tables") or {}).items():
-        ns[name] = table.get("uri", "")
-        ns[f"{name}_snapshot"] = table.get("snapshot_id")
+    for name, table in plan.tables.items():
+        ns[name] = table["uri"]
+        ns[f"{name}_snapshot"] = table["snapshot_id"]
 
 
 class InputError(Exception):

@@ -23,7 +23,7 @@ _json_dumps = json.JSONEncoder(default=repr).encode  # immune to a cell patching
 def _is_output(name, value_id, run):
     if name.startswith("_") or name in _SKIPPED_NAMES:
         return False
-    if name in run.plan.get("mutation_defines", ()):
+    if name in run.plan.mutation_defines:
         return True
     return run.before.get(name) != value_id or name in run.rebound
 
@@ -145,7 +145,7 @@ def silenced():
 def collect(run):
     """Serialize the cell's outputs and displays; write the report next to them."""
     shell = state["shell"]
-    files_dir = run.plan["files_dir"]
+    files_dir = run.plan.files_dir
     if not rundir.real_folder(files_dir):  # the worker says what the cell did to it
         raise RuntimeError("the outputs' folder is no longer the worker's")
     left = rundir.set_aside_contents(files_dir)  # nothing is written through the cell's links
@@ -164,7 +164,7 @@ def collect(run):
         "mutation_warnings": warnings,
         "build_env": codecs.build_env(),
     }
-    write_report(run.plan["report_path"], report, displaced)
+    write_report(run.plan.report_path, report, displaced)
 
 
 def write_report(path, report, displaced=None):

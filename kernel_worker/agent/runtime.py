@@ -25,6 +25,7 @@ from . import (
     rebinding,
     tracebacks,
 )
+from .plan import RunPlan
 from .run_state import Run, current, current_plan, state
 
 
@@ -34,7 +35,8 @@ def _parent_plan(shell):
         return None
     parent = kernel.get_parent("shell") or {}
     metadata = parent.get("metadata") or {}
-    return metadata.get("strata")
+    plan = metadata.get("strata")
+    return None if plan is None else RunPlan.from_dict(plan)
 
 
 def _pre_run_cell(info=None):
@@ -51,7 +53,7 @@ def _pre_run_cell(info=None):
     run.before = {name: id(value) for name, value in shell.user_ns.items()}
     # a name the cell binds to the object it held is an output all the same, except an
     # input's (the reference's rule: its namespace holds only what the request gave)
-    given = inputs.given_names(plan)
+    given = plan.given_names()
     run.rebound = rebinding.start(
         name for name in run.before if name not in given and not name.startswith("_")
     )
@@ -67,7 +69,7 @@ def _post_run_cell(result=None):
         with outputs.silenced():
             outputs.collect(run)
     except BaseException as exc:  # reported to the worker, never lost in the kernel's log
-        outputs.write_report(run.plan["report_path"], {"error": f"{type(exc).__name__}: {exc}"})
+        outputs.write_report(run.plan.report_path, {"error": f"{type(exc).__name__}: {exc}"})
     finally:
         arrow_codec.offer_spares(None)  # offered to this run's outputs only
 
@@ -90,7 +92,7 @@ def _forget_run_imports(run):
     request's code, from a deleted folder; a fresh interpreter imports that request's own
     file. The caches would also keep one finder per request whose cell imported anything.
     """
-    work_dir = run.plan.get("work_dir")
+    work_dir = run.plan.work_dir
     if not work_dir:
         return
     root = os.path.join(os.path.dirname(work_dir), "")

@@ -24,7 +24,6 @@ from ..errors import (
     status_for,
     storage_checked,
 )
-from ..execution import SMALL_IO_BYTES, RunDir, offload
 from ..jobs import Job
 from ..mounts.probe import cached_bytes
 from ..protocol.envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
@@ -32,6 +31,7 @@ from ..protocol.names import BUNDLE_HEADERS
 from ..protocol.streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
 from ..pull.manifest import submit_manifest
 from ..pull.transfers import declared_length
+from ..runs.directory import SMALL_IO_BYTES, RunDir, offload
 from ..runs.reuse import MIN_FILE_BYTES, keep_and_remove
 from ..service import submit
 from .auth import check_bearer

@@ -48,6 +48,7 @@ from zlib_ng import zlib_ng
 
 from ..runs import console
 from ..runs import files as run_files
+from ..runs.display_files import MimeDisplay
 from .stored_gzip import GZIP_WBITS, DeflatingGzipWriter, StoredGzipWriter, stored_length
 from .tarwriter import TarWriter
 
@@ -72,18 +73,6 @@ MANIFEST_MEMBER = "manifest.json"
 FILES_DIR = "files"
 DISPLAY_DIR = "display"
 DIRS_DIR = "dirs"
-
-
-@dataclass(frozen=True, slots=True)
-class MimeDisplay:
-    """One IPython display output's mime file, already written under ``run_dir/display``."""
-
-    file: str  # basename inside run_dir/display, e.g. "0.png"
-    content_type: str  # e.g. "image/png", "text/html"
-    index: int  # which display output (0, 1, …); one output may have several mime files
-    output_type: str  # "display_data" or "execute_result"
-    # set when this is the note that stands for a display over the caps: {bytes, cap, limit}
-    dropped: Mapping[str, object] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from kernel_worker.agent.plan import TableRef
 from kernel_worker.errors import BadRequest
 from kernel_worker.mounts.specs import MountSpec, parse_mounts
 
@@ -109,8 +110,11 @@ class CellRequest:
     mounts: tuple[MountSpec, ...]
     mutation_defines: tuple[str, ...]
     build_id: str | None
-    tables: Mapping[str, object]
+    tables: Mapping[str, TableRef]
     language: str
+    environment: object = None
+    """The notebook's locked environment as sent (checked when the cell runs, where a bad
+    one is the reference's 500); ``None``: the worker's own environment."""
 
 
 def input_extension(content_type: str) -> str:
@@ -185,8 +189,6 @@ def _cell_request(
     params: Mapping[str, object], inputs: tuple[InputSpec, ...], build_id: object
 ) -> CellRequest:
     """Everything but the inputs, from ``transform.params`` or the flat envelope."""
-    if params.get("environment") is not None:
-        raise BadRequest("Locked environments are not supported by this worker")
     return CellRequest(
         source=_source(_field(params, "source", "")),
         timeout_seconds=_timeout(params.get("timeout_seconds")),
@@ -197,6 +199,7 @@ def _cell_request(
         build_id=_build_id(build_id),
         tables=_tables(params.get("tables")),
         language=_language(params.get("language")),
+        environment=params.get("environment"),
     )
 
 
@@ -260,12 +263,13 @@ def _mutation_defines(value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _tables(value: object) -> Mapping[str, object]:
+def _tables(value: object) -> Mapping[str, TableRef]:
     """``{name: {"uri": str, "snapshot_id": int | null}}`` (spec §6.1)."""
     if value is None:
         return MappingProxyType({})
     if not isinstance(value, dict):
         raise BadRequest(f"tables must be an object, not {_json_type(value)}")
+    tables: dict[str, TableRef] = {}
     for name, table in value.items():
         _check_identifier(name, f"Table name '{_echo(name)}'")
         if not isinstance(table, dict) or not isinstance(table.get("uri"), str):
@@ -276,7 +280,8 @@ def _tables(value: object) -> Mapping[str, object]:
                 f"The snapshot_id of table '{_echo(name)}' must be an integer or null, "
                 f"not {_json_type(snapshot)}"
             )
-    return MappingProxyType(dict(value))
+        tables[name] = TableRef(uri=table["uri"], snapshot_id=snapshot)
+    return MappingProxyType(tables)
 
 
 def _language(value: object) -> str:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING
 import httpx
 
 from ..errors import BadRequest, Cancelled, PayloadTooLarge, WorkerBusy, storage_checked
-from ..execution import RunDir
 from ..jobs import Job, JobResult
 from ..protocol.bundle import CellOutcome
 from ..protocol.envelopes import CellRequest, parse_notebook_execute
 from ..runs import output_dirs
+from ..runs.directory import RunDir
 from ..service import CANCELLED_DETAIL, execute_to_bundle_file, submit_work
 from .headers import upload_headers
 from .output_stream import OutputDirStreamer, streaming, without_streamed

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, TypeGuard
 
 from ..agent import display_files
+from ..agent.plan import DisplayLimits
 from . import files as run_files
 
 __all__ = ["DisplayCaps", "JupyterDisplay", "dropped", "verified_file", "written_files"]
@@ -53,13 +54,14 @@ class DisplayCaps:
 
     def kept(self, displays: Sequence[JupyterDisplay]) -> list[JupyterDisplay]:
         """``displays`` with each one over the caps replaced by a note (in order)."""
-        plan = {"limits": {"display_bytes": self.display_bytes,
-                           "run_display_bytes": self.run_display_bytes}}  # fmt: skip
+        caps = DisplayLimits(
+            display_bytes=self.display_bytes, run_display_bytes=self.run_display_bytes
+        )
         kept: list[JupyterDisplay] = []
         total = 0
         for display in displays:
             size = _size(display)
-            over = display_files.over(plan, size, total)
+            over = display_files.over(caps, size, total)
             if over is None:
                 total += size
                 kept.append(display)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..agent.plan import KernelLimits
 from .displays import DisplayCaps
 
 __all__ = [
@@ -54,14 +55,14 @@ class RunLimits:
     def display_caps(self) -> DisplayCaps:
         return DisplayCaps(self.display_bytes, self.run_display_bytes)
 
-    def for_kernel(self) -> dict[str, int]:
+    def for_kernel(self) -> KernelLimits:
         """The caps the in-kernel agent applies (the run plan's ``limits``)."""
-        return {
-            "folder_input_bytes": self.folder_input_bytes,
-            "folder_input_entries": self.folder_input_entries,
-            "display_bytes": self.display_bytes,
-            "run_display_bytes": self.run_display_bytes,
-        }
+        return KernelLimits(
+            folder_input_bytes=self.folder_input_bytes,
+            folder_input_entries=self.folder_input_entries,
+            display_bytes=self.display_bytes,
+            run_display_bytes=self.run_display_bytes,
+        )
 
     def described(self) -> dict[str, int]:
         """The caps as ``/health`` reports them."""
