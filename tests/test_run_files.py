@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from kernel_worker import service
+from kernel_worker.protocol.bundle import plan_bundle
 from kernel_worker.pull.output_stream import OutputDirStreamer
 from kernel_worker.runs import files as run_files
 from kernel_worker.runs.directory import RunDir
@@ -138,7 +139,8 @@ def test_a_bundle_file_the_cell_linked_elsewhere_is_not_written_through(tmp_path
     victim = tmp_path / "victim"
     victim.write_bytes(b"only the worker's")
     (run_dir.root / "bundle.tar.gz").symlink_to(victim)
-    result = service._write(run_dir, outcome(variables={}, displays=[], mime_displays=[]), 0, 0)
+    plan = plan_bundle(run_dir.root, outcome(variables={}, displays=[], mime_displays=[]), 0)
+    result = service.to_file(run_dir, None, lambda _size: None)(plan)
     assert result == run_dir.root / "bundle.tar.gz"
     assert victim.read_bytes() == b"only the worker's"
     assert stat.S_ISREG(result.lstat().st_mode)

@@ -70,6 +70,11 @@ class TarWriter:
         self._offset = 0
 
     @property
+    def measuring(self) -> bool:
+        """Whether nothing is written (``fileobj=None``): the calls only add up :attr:`size`."""
+        return self._out is None
+
+    @property
     def size(self) -> int:
         """The bytes written (or, measuring, that would have been) so far."""
         return self._offset
