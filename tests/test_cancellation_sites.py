@@ -18,7 +18,7 @@ import pytest
 from fastapi import FastAPI
 
 from kernel_worker.http import relay
-from kernel_worker.http.app import _start_unless_stopped
+from kernel_worker.http.lifespan import _start_unless_stopped
 from kernel_worker.http.relay import serve_relay
 from kernel_worker.protocol.streaming import watching_for_disconnect
 from kernel_worker.pull.output_stream import streaming

@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import pwd
-import shutil
 import tempfile
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -20,18 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from kernel_pool import (
-    KernelInitError,
-    KernelKind,
-    KernelStartError,
-    Pool,
-    PoolConfig,
-    PreloadError,
-)
+from kernel_pool import KernelKind, Pool, PoolConfig
 
 from .. import __version__
 from ..agent import fork_setup_code, forked_setup_code, setup_code
-from ..cancellation import cancel_and_wait
 from ..errors import WorkerError, error_response
 from ..execution import ExecutionContext
 from ..jobs import JobQueue
@@ -39,17 +26,15 @@ from ..kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
 from ..logs import RequestIdMiddleware
 from ..metrics import WorkerMetrics
 from ..mounts.cache import MountCache
-from ..pull.url_safety import UrlPolicy, guarded_client
-from ..runs.directory import KEPT_DIR_PREFIX, sweep_stale_run_dirs
+from ..runs.directory import KEPT_DIR_PREFIX
 from ..runs.reuse import ReusableFiles
-from ..settings import Settings, default_worker_id, memory_backed, prepare_run_root
+from ..settings import Settings, default_worker_id, memory_backed
 from ..state import WorkerState
-from .auth import scrub_secrets
-from .connections import ConnectionLimits
+from .auth import SECRET_ENV_VARS
 from .fastpath import FastPath
 from .fleet import Fleet
 from .health import router as health_router
-from .metrics_port import MetricsPort, start_metrics_port
+from .lifespan import lifespan
 from .openapi import OPENAPI_COMPONENTS
 from .routes import execute_v1, notebook_execute, router
 
@@ -104,75 +89,29 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     )
 
 
-def _startup_failure(exc: BaseException, settings: Settings) -> str:
-    """What stopped the start, in one line for the operator."""
-    if isinstance(exc, PreloadError):
-        return f"the preload {settings.preload} failed: {exc}"
-    if isinstance(exc, KernelInitError):
-        return f"the kernel init {settings.kernel_init} failed: {exc}"
-    if isinstance(exc, KernelStartError):
-        return f"the kernels could not start: {exc}"
-    if isinstance(exc, _MetricsPortFailed):
-        cause = exc.__cause__
-        reason = getattr(cause, "strerror", None) or cause
-        return f"--metrics-port {settings.metrics_port}: {reason}"
-    return f"the kernels could not start: {type(exc).__name__}: {exc}"
-
-
-async def _start_unless_stopped(pool: Pool, stop: asyncio.Event) -> bool:
-    """Start the pool; False if ``stop`` was set first (the start is cancelled, and every
-    kernel it had begun is stopped). A start failure is raised."""
-    starting = asyncio.ensure_future(pool.start())
-    stopping = asyncio.ensure_future(stop.wait())
-    cut_short = False
-    try:
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    finally:  # stopped, or this wait itself cancelled: the start has ended before we go on
-        stopping.cancel()
-        if not starting.done():
-            cut_short = True
-            await _cancel_until_ended(starting)
-    if not cut_short:
-        starting.result()
-        return True
-    with contextlib.suppress(BaseException):  # a start cut short may fail any way it likes
-        starting.result()
-    return False
-
-
-async def _cancel_until_ended(task: asyncio.Future[Any]) -> None:
-    """Cancel ``task`` (again if need be: Python 3.11's wait_for can swallow a cancellation
-    that comes as its inner wait ends) until it has ended; a cancellation of this wait is
-    raised then, so that the kernels the start had begun are stopped before the caller
-    goes on."""
-    interrupted: asyncio.CancelledError | None = None
-    while not task.done():
-        task.cancel()
-        try:
-            await asyncio.wait({task}, timeout=0.2)
-        except asyncio.CancelledError as exc:  # ours: asyncio.wait raises none of the task's
-            interrupted = exc
-    if interrupted is not None:
-        raise interrupted
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
-    """Build the worker application; the pool starts with the app's lifespan."""
+    """Build the worker application; the pool starts with the app's lifespan.
+
+    Building it changes nothing in the process: the environment is read, not scrubbed, and
+    no folder is made (see :mod:`kernel_worker.http.lifespan`).
+    """
     settings = settings or Settings()
-    environ = dict(os.environ)  # mount credentials are read from it, then scrubbed below
+    environ = dict(os.environ)  # mount credentials are read from it; the lifespan scrubs
     mount_cache = MountCache.from_environ(environ)
-    secrets = scrub_secrets(os.environ)
-    if settings.token is None and secrets.get("STRATA_WORKER_TOKEN", "").strip():
-        settings = replace(settings, token=secrets["STRATA_WORKER_TOKEN"].strip())
+    token = environ.get("STRATA_WORKER_TOKEN", "").strip()
+    if settings.token is None and token:
+        settings = replace(settings, token=token)
     if not settings.kernel_env_allowlist:  # an app built without the CLI reads it too
-        allowlist = parse_allowlist(os.environ.get(ALLOWLIST_ENV_VAR, ""))
+        allowlist = parse_allowlist(environ.get(ALLOWLIST_ENV_VAR, ""))
         settings = replace(settings, kernel_env_allowlist=allowlist)
-    kernel_env = kernel_environment(os.environ, settings.kernel_env_allowlist)
+    for name in SECRET_ENV_VARS:  # kernels never see them: the lifespan removes them
+        environ.pop(name, None)
+    kernel_env = kernel_environment(environ, settings.kernel_env_allowlist)
     if settings.kernel_env_allowlist:
         log.info(
             "kernels see %d of the worker's %d environment variables (allowlist)",
             len(kernel_env),
-            len(os.environ),
+            len(environ),
         )
     pool = Pool(pool_config(settings, kernel_env))
     if settings.worker_id is None:
@@ -184,10 +123,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         ttl_seconds=settings.job_ttl_seconds,
         worker_id=settings.worker_id,
     )
-    owner = _kernel_owner(settings)
-    prepare_run_root(settings.run_root)
-    if owner is not None:  # run dirs of one user's kernels: in a parent they cannot list
-        settings = replace(settings, run_root=_private_run_root(settings.run_root))
+    owner = _kernel_owner(settings)  # with one, the lifespan makes a private run root
     run_root = settings.run_root if settings.run_root is not None else Path(tempfile.gettempdir())
     inline_io = memory_backed(run_root)
     reusable = None
@@ -212,55 +148,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
 
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        swept = await asyncio.to_thread(sweep_stale_run_dirs, settings.run_root)
-        if swept:
-            log.info("removed %d run directories left by workers that died", swept)
-        metrics_server = None
-        failure: BaseException | None = None
-        try:
-            # the metrics port first: one in use fails at once, not after the kernels start
-            metrics_server = _serve_metrics(settings, metrics)
-            started = await _start_unless_stopped(pool, state.stop_requested)
-        except (KernelStartError, OSError, _MetricsPortFailed) as exc:
-            if state.end_server is None:  # an app served some other way: its host reports it
-                if metrics_server is not None:
-                    await metrics_server.aclose()
-                raise
-            started, failure = False, exc
-        if not started:  # stopped while starting, or failed: nothing to serve
-            if metrics_server is not None:
-                await metrics_server.aclose()
-            await pool.aclose()
-            if failure is None:
-                log.warning("stopped while the kernels were starting")
-            elif state.end_server is not None:
-                state.startup_failure = _startup_failure(failure, settings)
-                state.end_server()
-            yield
-            return
-        log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
-        client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
-        state.http_client = client
-        fleet.open()
-        releasing = _release_idle_files(state.reusable_files)
-        try:
-            yield
-        finally:
-            state.http_client = None
-            await client.aclose()
-            await fleet.aclose()
-            await cancel_and_wait(releasing)
-            if metrics_server is not None:
-                await metrics_server.aclose()
-            await jobs.aclose()
-            await pool.aclose()
-            if state.reusable_files is not None:
-                await asyncio.to_thread(state.reusable_files.close)
-            if owner is not None and settings.run_root is not None:
-                await asyncio.to_thread(shutil.rmtree, settings.run_root, True)
-
     app = FastAPI(
         title="strata-kernel-worker",
         version=__version__,
@@ -278,26 +165,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.add_middleware(FastPath, endpoints=hot)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so it sees both paths
     return app
-
-
-def _release_idle_files(files: ReusableFiles | None) -> asyncio.Future[None]:
-    """The task that removes kept files no request took in time (see file_reuse)."""
-
-    async def release() -> None:
-        if files is None:
-            return
-        while True:
-            await asyncio.sleep(files.idle_seconds / 4)
-            if files.count:
-                await asyncio.to_thread(files.release_idle)
-
-    return asyncio.ensure_future(release())
-
-
-def _private_run_root(parent: Path | None) -> Path:
-    root = Path(tempfile.mkdtemp(prefix="skw-runs-", dir=parent))
-    root.chmod(0o711)  # traversable to a known name, not listable
-    return root
 
 
 def _kernel_owner(settings: Settings) -> tuple[int, int] | None:
@@ -325,28 +192,6 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
         schema.setdefault("components", {}).setdefault("schemas", {}).update(OPENAPI_COMPONENTS)
         app.openapi_schema = schema
     return app.openapi_schema
-
-
-class _MetricsPortFailed(Exception):
-    """The metrics server could not listen (its cause says why)."""
-
-
-def _serve_metrics(settings: Settings, metrics: WorkerMetrics) -> MetricsPort | None:
-    """With ``--metrics-port``, expose /metrics there (no token) besides the gated route,
-    under the main port's connection limits."""
-    if settings.metrics_port is None:
-        return None
-    limits = ConnectionLimits(
-        header_seconds=settings.header_timeout_seconds,
-        max_connections=settings.max_connections,
-        send_seconds=settings.send_timeout_seconds,
-    )
-    try:
-        return start_metrics_port(
-            settings.host, settings.metrics_port, metrics.registry, limits, settings.log_level
-        )
-    except OSError as exc:
-        raise _MetricsPortFailed from exc
 
 
 async def _worker_error_handler(request: Request, exc: Exception) -> Response:
