@@ -78,7 +78,7 @@ def build_plan(
     )
     return RunPlan(
         inputs=inputs,
-        paths={**(mounts or {}), **output_dirs.prepare(run_dir.dirs, folders)},
+        paths=MappingProxyType({**(mounts or {}), **output_dirs.prepare(run_dir.dirs, folders)}),
         env=MappingProxyType(dict(env)),
         work_dir=str(run_dir.work),
         files_dir=str(run_dir.files),
