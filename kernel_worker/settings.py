@@ -161,7 +161,7 @@ class Settings:
     file_reuse_bytes: int = 256 * 1024 * 1024
     """Large files of finished runs kept for later inputs to be written over (file_reuse)."""
     bundle_compresslevel: int | None = None
-    """gzip level of bundles; None picks by size and a sample (see service._auto_level)."""
+    """gzip level of bundles; None: chosen by size and a sample (bundle.choose_level)."""
     run_root: Path | None = None
     kernel_user: str | None = None
     kernel_uids: tuple[int, int] | None = None
