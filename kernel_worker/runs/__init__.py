@@ -2,9 +2,9 @@
 
 ``directory`` makes, names, hands over and sweeps run directories; ``files`` reaches files
 below a run without following links; ``layout`` checks what a cell broke there;
-``display_files`` writes the displays' mime files; ``reuse`` keeps large files of finished runs; ``output_dirs`` finds the
-``# @output_dir`` folders; ``messages`` reduces IOPub into console (``console``) and displays
-(``displays``); ``limits`` holds the caps on all of these.
+``display_files`` writes the displays' mime files; ``reuse`` keeps large files of finished
+runs; ``output_dirs`` finds the ``# @output_dir`` folders; ``messages`` reduces IOPub into
+console (``console``) and displays (``displays``); ``limits`` holds the caps on all of these.
 
 May import ``agent`` (the formats the kernel side writes) and the shared ``errors``; nothing
 else of the worker.
