@@ -96,9 +96,9 @@ def _last_used(paths: EnvironmentPaths) -> float | None:
     except FileNotFoundError:
         return None
     try:
-        return max(marked, paths.used.stat().st_mtime)
+        return paths.used.stat().st_mtime
     except FileNotFoundError:
-        return marked
+        return marked  # only ever used by a worker that does not record it
 
 
 def _size(top: Path) -> int:

@@ -179,10 +179,9 @@ class EnvironmentStore:
             self._root.mkdir(parents=True, exist_ok=True)
             with locking.held(paths.lock, timeout_seconds=self._timeout):
                 origin = EnvironmentOrigin.CACHED
-                if not paths.marker.exists():
+                # complete, unless its interpreter has gone since (a dangling bin/python)
+                if not (paths.marker.exists() and paths.python.exists()):
                     origin = self._make(spec, interpreter, paths)
-            if not paths.python.exists():
-                raise _no_interpreter(paths)
             paths.used.touch()
         except OSError as exc:
             raise EnvironmentBuildError(
