@@ -14,6 +14,7 @@ from kernel_worker.environments import (
     EnvironmentSpecError,
     lock_key,
     parse_environment,
+    probe_uv,
 )
 from tests.envfixtures import INTEROP_PYTHON, Projects, projects_fixture, py312_fixture, uv_fixture  # noqa: F401
 
@@ -168,3 +169,15 @@ def test_keys_match_the_reference(projects: Projects) -> None:
 def test_locked_projects_round_trip(projects: Projects) -> None:
     spec = projects.basic.spec()
     assert spec.key == lock_key(Path(projects.basic.directory / "uv.lock").read_text())
+
+
+def test_uv_is_found_on_path_or_in_its_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    found = probe_uv()
+    assert found is not None
+    assert subprocess.run([found, "--version"], capture_output=True, check=True).stdout.startswith(
+        b"uv "
+    )
+    monkeypatch.setenv("PATH", "/nonexistent")
+    from uv import find_uv_bin
+
+    assert probe_uv() == find_uv_bin()
