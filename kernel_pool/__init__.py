@@ -1,6 +1,8 @@
-"""Warm Jupyter kernels: start, preload, lease, reset, restart, retire.
+"""Warm Jupyter kernels: start, preload, lease, reset, restart, retire; a pool per kernel
+kind (:class:`PoolSet`).
 
-Knows nothing of HTTP, Strata, bundles or what cells mean; depends on jupyter_client only.
+Knows nothing of HTTP, bundles or what cells mean; depends on jupyter_client, pyzmq and
+psutil (and nothing of the worker, which import-linter checks).
 """
 
 from .config import PoolConfig, RecyclePolicy

@@ -1,4 +1,5 @@
-"""Pool configuration: one frozen value, validated once."""
+"""One pool's configuration: a frozen value (the kernel kind it serves, its size and
+policies), validated when it is made; and :class:`RecyclePolicy`."""
 
 from __future__ import annotations
 

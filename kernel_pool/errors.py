@@ -1,16 +1,21 @@
 """The pool's exception tree.
 
-All failures the pool reports derive from :class:`PoolError`; foreign exceptions (from
-jupyter_client, zmq, the OS) are translated into these in ``kernel.py`` and nowhere else::
+All failures the pool reports derive from :class:`PoolError`. Foreign exceptions are
+translated where the pool meets them: jupyter_client's where a process is launched
+(``launch.py``), zmq's where the channels read (``channels.py``: they become the kernel's
+events), the fork server's in ``forkserver/``; only an OS error making the pool's own
+folders reaches a caller untranslated::
 
     PoolError
     ├── PoolClosed            the pool is shutting down or was never started
     ├── PoolBusy              no kernel became free within the caller's wait
     ├── KernelStartError      a kernel process could not be started or never became ready
-    │   └── PreloadError      the preload code raised (message is the preload's own error)
+    │   ├── PreloadError      the preload raised, or left what a fork cannot copy
+    │   └── KernelInitError   the per-kernel stage (``kernel_init``) raised
     └── ExecutionError        something went wrong while a lease was executing code
         ├── ExecutionTimeout  the deadline passed (the kernel was interrupted, then killed)
         └── KernelDied        the kernel process exited during the lease
+            └── KernelNoReply the kernel went idle without replying (retired as dead)
 """
 
 from __future__ import annotations
