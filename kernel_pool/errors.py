@@ -3,7 +3,7 @@
 All failures the pool reports derive from :class:`PoolError`. Foreign exceptions are
 translated where the pool meets them: jupyter_client's where a process is launched
 (``launch.py``), zmq's where the channels read (``channels.py``: they become the kernel's
-events), the fork server's in ``forkserver/``; only an OS error making the pool's own
+events), the fork server's where its replies are read; only an OS error making the pool's own
 folders reaches a caller untranslated::
 
     PoolError
