@@ -54,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     for title, group in GROUPS:
         section = parser.add_argument_group(title.lower())
         for option in group:
-            text = f"{option.help} [env {option.env}]"
+            text = f"{option.help_line} [env {option.env}]"
             section.add_argument(option.flag, type=option.parse, default=None, help=text)
     return parser
 
@@ -121,20 +121,17 @@ def _settings(
         path = values.get(flag)
         if path is not None and not os.path.isfile(path):
             parser.error(f"--{flag.replace('_', '-')}: no such file: {path}")
+    # options named apart from their setting; one not given keeps the setting's default
+    renamed = {o.field: values.pop(o.dest) for o in OPTIONS if o.setting and o.dest in values}
     kwargs: dict[str, Any] = {
+        **renamed,
         "host": values.pop("host", "0.0.0.0" if token else "127.0.0.1"),
         # with GPU slots and no explicit size, one kernel per GPU
         "pool_size": values.pop("pool_size", len(values.get("gpu_slots") or ()) or 2),
         "recycle": RecyclePolicy(recycle),
         "token": token,
         "max_input_bytes": max_input_bytes_from_env(environ),
-        "queue_wait_seconds": values.pop("queue_wait", 2.0),
-        "job_ttl_seconds": values.pop("job_ttl", 600.0),
-        "body_timeout_seconds": values.pop("body_timeout", 60.0),
-        "header_timeout_seconds": values.pop("header_timeout", 10.0),
-        "send_timeout_seconds": values.pop("send_timeout", 60.0),
         "run_root": values.pop("run_dir", None) or default_run_root(),
-        "drain_notice_seconds": values.pop("drain_notice", 0.0),
         "launch_id": environ.get("STRATA_WORKER_LAUNCH_ID") or None,
         "output_dir_poll_seconds": _poll_seconds(environ),
         "allow_local_hosts": allow_local_hosts_from_env(environ),

@@ -7,11 +7,14 @@ variable the reference does not describe (or describes one nothing reads).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
 from kernel_worker.cli import build_parser, settings_from
 from kernel_worker.options import OPTIONS, SETTINGS, documented_names, reference
+from kernel_worker.options.model import settings_default
+from kernel_worker.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "kernel_worker"
@@ -46,7 +49,7 @@ def test_every_option_reaches_the_settings_from_its_flag_and_its_variable() -> N
     for option in OPTIONS:
         if option.flag in samples:  # need a file, root or a relay: covered in test_cli
             continue
-        assert option.default, f"{option.flag} has no documented default"
+        assert option.shown_default, f"{option.flag} has no documented default"
         assert option.details.strip(), f"{option.flag} has no reference text"
     by_flag = settings_from(["--queue-depth", "7"], {})
     by_env = settings_from([], {"STRATA_KERNEL_WORKER_QUEUE_DEPTH": "9"})
@@ -73,3 +76,33 @@ def test_every_variable_in_the_reference_is_read() -> None:
     for setting in SETTINGS:
         for name in setting.names:
             assert name in read, f"{name} is documented but nothing reads it"
+
+
+_DEFAULT_IN_HELP = re.compile(r"\(default:? ([^;)]+)[;)]")
+
+
+def test_every_default_is_written_once_in_the_settings() -> None:
+    """A default comes from ``Settings``: the reference and ``--help`` show that value,
+    and a command line that sets nothing makes it. A default the table still writes itself
+    (a sentence, or a choice its help explains) must say the same value."""
+    fields = {field.name for field in dataclasses.fields(Settings)}
+    nothing_set = settings_from([], {})
+    derived = 0
+    for option in OPTIONS:
+        if option.field not in fields:
+            continue
+        value = settings_default(option.field)
+        if value is not None:
+            assert getattr(nothing_set, option.field) == value, option.flag
+        shown = option.shown_default.strip("`") if option.shown_default.count("`") == 2 else None
+        in_help = _DEFAULT_IN_HELP.search(option.help)
+        if option.default is None:
+            derived += 1
+            assert in_help is None, f"{option.flag}: its help writes the default again"
+            assert f"(default {shown})" in option.help_line
+        elif shown is not None and option.default.startswith("`") and value is not None:
+            from_settings = dataclasses.replace(option, default=None).shown_default
+            assert option.default == from_settings, f"{option.flag}: the table's default differs"
+            if in_help is not None:
+                assert in_help.group(1).strip() == shown, f"{option.flag}: --help differs"
+    assert derived >= 15  # most options take their default from the settings alone

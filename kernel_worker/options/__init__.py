@@ -46,7 +46,7 @@ def reference() -> str:
         lines += [f"## {title}", "", "| Flag | Environment | Default | Meaning |"]
         lines.append("| --- | --- | --- | --- |")
         for option in group:
-            cells = (f"`{option.flag}`", f"`{option.env}`", option.default, option.details)
+            cells = (f"`{option.flag}`", f"`{option.env}`", option.shown_default, option.details)
             lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
         lines.append("")
     lines += [

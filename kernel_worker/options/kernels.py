@@ -20,16 +20,14 @@ OPTIONS: tuple[Option, ...] = (
         "--pool-size",
         f"{ENV_PREFIX}POOL_SIZE",
         positive_int,
-        "kernels that run cells at once (default 2)",
-        default="`2`",
+        "kernels that run cells at once",
         details=("Kernels that run cells at once."),
     ),
     Option(
         "--spares",
         f"{ENV_PREFIX}SPARES",
         non_negative_int,
-        "extra warm kernels so a restart never makes a request wait (default 0)",
-        default="`0`",
+        "extra warm kernels so a restart never makes a request wait",
         details=("Extra warm kernels, so a restart never makes a request wait."),
     ),
     Option(
@@ -90,8 +88,7 @@ OPTIONS: tuple[Option, ...] = (
         "--kernel-start-timeout",
         f"{ENV_PREFIX}KERNEL_START_TIMEOUT",
         positive_seconds,
-        "seconds a kernel may take to start, its preload included (default 600)",
-        default="`600`",
+        "seconds a kernel may take to start, its preload included",
         details=(
             "Seconds a kernel may take to start, the preload (for the first kernel) and its "
             "`--kernel-init` included; a preload that runs longer stops start-up (`the preload … "

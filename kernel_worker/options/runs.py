@@ -27,8 +27,7 @@ OPTIONS: tuple[Option, ...] = (
         "--console-cap",
         f"{ENV_PREFIX}CONSOLE_CAP",
         size,
-        "characters of stdout/stderr kept per stream (default 16M)",
-        default="`16M`",
+        "characters of stdout/stderr kept per stream",
         details=(
             "Characters of stdout/stderr kept per stream; beyond it a truncation marker. The cap "
             "is per stream and per cell, and the marker, `[output truncated: N more characters "
@@ -63,8 +62,7 @@ OPTIONS: tuple[Option, ...] = (
         "--max-folder-input-entries",
         f"{ENV_PREFIX}MAX_FOLDER_INPUT_ENTRIES",
         positive_int,
-        "files, folders and links a folder input (dir/tar) may unpack to (default 50000)",
-        default="`50000`",
+        "files, folders and links a folder input (dir/tar) may unpack to",
         details=(
             "Files, folders and links a folder input may unpack to (0.6 MB of gzip holds 100,000 "
             "empty files); past it the cell fails the same way, naming this cap."
@@ -75,8 +73,7 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}MAX_DISPLAY_BYTES",
         size,
         "bytes of one display, all its formats together; a larger one is dropped and a note says "
-        "so (default 64M)",
-        default="`64M`",
+        "so",
         details=(
             "Bytes of one display, all its formats together. A larger one is dropped: a marker "
             "takes its place in both display views (see "
@@ -87,9 +84,7 @@ OPTIONS: tuple[Option, ...] = (
         "--max-run-display-bytes",
         f"{ENV_PREFIX}MAX_RUN_DISPLAY_BYTES",
         size,
-        "bytes of all the displays a run keeps; a display past it is dropped and a note says so "
-        "(default 256M)",
-        default="`256M`",
+        "bytes of all the displays a run keeps; a display past it is dropped and a note says so",
         details=(
             "Bytes of all the displays a run keeps (in each display view): a display that would "
             "pass it is dropped the same way. A display another replaces (`update_display`) or "
@@ -101,8 +96,7 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}MAX_OUTPUT_DIR_FILES",
         positive_int,
         "files a run's # @output_dir folders return, all folders together; the rest are left out "
-        "and the answer says so (default 10000)",
-        default="`10000`",
+        "and the answer says so",
         details=(
             "Files a run's `# @output_dir` folders return, all folders together (each is a bundle"
             " member and a manifest entry: 50,000 made a 0.8 MB manifest). The first found are "

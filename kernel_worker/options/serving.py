@@ -31,8 +31,7 @@ OPTIONS: tuple[Option, ...] = (
         "--port",
         f"{ENV_PREFIX}PORT",
         port,
-        "port to bind (default 9000)",
-        default="`9000`",
+        "port to bind",
         details=("Port to bind."),
     ),
     Option(
@@ -54,8 +53,7 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}HEADER_TIMEOUT",
         positive_seconds,
         "seconds a connection may take to send a request's headers, from its first byte (from the"
-        " connection, for its first request); then it is closed (default 10)",
-        default="`10`",
+        " connection, for its first request); then it is closed",
         details=(
             "Seconds a connection may take to send a request's line and headers, counted from the"
             " connection's opening (its first request) or from the first byte of its next "
@@ -64,14 +62,14 @@ OPTIONS: tuple[Option, ...] = (
             "without being read (a `401`, a `413`) may not pause this long either. Headers over "
             "64 KiB get `431`."
         ),
+        setting="header_timeout_seconds",
     ),
     Option(
         "--max-connections",
         f"{ENV_PREFIX}MAX_CONNECTIONS",
         positive_int,
         "connections open at once; one more closes the one idle longest, or is answered 503 when "
-        "every one has a request in flight (default 1024)",
-        default="`1024`",
+        "every one has a request in flight",
         details=(
             "Connections open at once. One more closes the connection that has waited longest for"
             " a request (idle between requests, or still sending its headers); when every open "
@@ -86,34 +84,32 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}SEND_TIMEOUT",
         positive_seconds,
         "seconds a client may read nothing of an answer being sent; then the connection is closed"
-        " and what the answer held is freed (default 60)",
-        default="`60`",
+        " and what the answer held is freed",
         details=(
             "Seconds a client may read nothing of an answer being sent (the socket's buffers "
             "full). Then the connection is closed and the answer stops: a bundle's run directory "
             "(hundreds of MB on the memory run root) is removed instead of staying pinned as long"
             " as the socket. A slow client that keeps reading is never cut off."
         ),
+        setting="send_timeout_seconds",
     ),
     Option(
         "--body-timeout",
         f"{ENV_PREFIX}BODY_TIMEOUT",
         positive_seconds,
-        "seconds an upload may send nothing before it is answered 408 and what it sent is removed"
-        " (default 60)",
-        default="`60`",
+        "seconds an upload may send nothing before it is answered 408 and what it sent is removed",
         details=(
             "Seconds an upload may send nothing: then it is answered `408` and what it sent is "
             "removed (a stalled or abandoned client no longer holds a run directory and a "
             "connection). A slow upload that keeps sending is never cut off."
         ),
+        setting="body_timeout_seconds",
     ),
     Option(
         "--max-uploads",
         f"{ENV_PREFIX}MAX_UPLOADS",
         positive_int,
-        "push-model request bodies received at once; more get 503 + Retry-After (default 16)",
-        default="`16`",
+        "push-model request bodies received at once; more get 503 + Retry-After",
         details=(
             "Push-model request bodies (`/v1/execute`, `/v1/notebook-execute`) received at once; "
             "more get `503` `Worker is receiving N of M uploads` + `Retry-After: 5`, before any "
@@ -128,19 +124,18 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}QUEUE_WAIT",
         seconds,
         "seconds a request waits inline for a kernel; then it is answered 202 with a job URL to "
-        "poll (default 2)",
-        default="`2`",
+        "poll",
         details=(
             "Seconds a request waits inline for a kernel; then it is answered `202` with a job "
             "URL to poll."
         ),
+        setting="queue_wait_seconds",
     ),
     Option(
         "--queue-depth",
         f"{ENV_PREFIX}QUEUE_DEPTH",
         non_negative_int,
-        "executions that may wait for a kernel; more get 503 + Retry-After (default 32)",
-        default="`32`",
+        "executions that may wait for a kernel; more get 503 + Retry-After",
         details=("Executions that may wait for a kernel; more get `503` + `Retry-After`."),
     ),
     Option(
@@ -160,9 +155,9 @@ OPTIONS: tuple[Option, ...] = (
         "--job-ttl",
         f"{ENV_PREFIX}JOB_TTL",
         seconds,
-        "seconds a finished job's result is kept for its poller (default 600)",
-        default="`600`",
+        "seconds a finished job's result is kept for its poller",
         details=("Seconds a finished job's result is kept for its poller."),
+        setting="job_ttl_seconds",
     ),
     Option(
         "--timeout-status",
@@ -179,8 +174,7 @@ OPTIONS: tuple[Option, ...] = (
         "--drain-seconds",
         f"{ENV_PREFIX}DRAIN_SECONDS",
         seconds,
-        "on SIGTERM, how long executions in flight may finish while new ones get 503 (default 30)",
-        default="`30`",
+        "on SIGTERM, how long executions in flight may finish while new ones get 503",
         details=(
             "On SIGTERM: new executions get `503` while those in flight finish, and the results "
             "of those answered `202` that a client is polling for wait for it, for up to this "
@@ -197,8 +191,7 @@ OPTIONS: tuple[Option, ...] = (
         f"{ENV_PREFIX}DRAIN_NOTICE",
         seconds,
         "on SIGTERM, how long /ready answers 503 while new cells are still taken, before the "
-        "drain: a load balancer's health check takes the worker out first (default 0)",
-        default="`0`",
+        "drain: a load balancer's health check takes the worker out first",
         details=(
             "On SIGTERM, before the drain: for this long `/ready` answers `503` while new cells "
             "are still taken, so a load balancer whose health check polls `/ready` stops sending"
@@ -207,6 +200,7 @@ OPTIONS: tuple[Option, ...] = (
             "[A fleet behind a load balancer](deployment.md#a-fleet-behind-a-load-balancer)). "
             "A second signal ends it at once. The stop takes this much longer."
         ),
+        setting="drain_notice_seconds",
     ),
     Option(
         "--worker-id",
