@@ -14,6 +14,7 @@
     ├── KernelCrashed                   502
     ├── UpstreamFailed                  502
     ├── WorkerBusy (.retry_after_seconds) 503 + Retry-After
+    ├── EnvironmentFailed               500 (a locked environment's spec or build)
     └── InsufficientStorage             507
 
 Domain code raises these; only :func:`error_response` chooses a status and a body, and
@@ -40,6 +41,7 @@ __all__ = [
     "BodyStalled",
     "Cancelled",
     "CellTimedOut",
+    "EnvironmentFailed",
     "InsufficientStorage",
     "KernelCrashed",
     "NotFound",
@@ -122,6 +124,14 @@ class WorkerBusy(WorkerError):
         self.retry_after_seconds = retry_after_seconds
 
 
+class EnvironmentFailed(WorkerError):
+    """The cell's locked environment is malformed, or could not be built or started; the
+    detail starts ``locked environment:`` as the reference's does."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"locked environment: {message}")
+
+
 class InsufficientStorage(WorkerError):
     """The worker's run directory filesystem is full (or over quota): nothing was run."""
 
@@ -166,8 +176,9 @@ _STATUS: Mapping[type[WorkerError], int] = MappingProxyType(
 _TIMEOUT_STATUSES = frozenset({408, 504})
 # Statuses whose body also carries the reference's ``{"success": false, "error": ...}``
 # result shape (it answers timeouts and dead cell processes that way); the client reads
-# ``detail``, then ``error``, so both keys name the same text.
-_RESULT_SHAPED = frozenset({408, 409, 502, 503, 504})
+# ``detail``, then ``error``, so both keys name the same text. A 500 is the reference's
+# locked-environment failure.
+_RESULT_SHAPED = frozenset({408, 409, 500, 502, 503, 504})
 
 
 def status_for(exc: WorkerError, *, timeout_status: int = 408) -> int:

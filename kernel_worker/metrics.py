@@ -17,7 +17,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from kernel_pool import Pool
+from kernel_pool import Pool, PoolSet
+
+from .environments.kernels import LockedKernels
 
 _PREFIX = "strata_kernel_worker"
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
@@ -89,6 +91,49 @@ def _memory_metrics(pool: Pool) -> Iterator[Metric]:
     yield template
 
 
+class _EnvironmentCollector(Collector):
+    """Locked environments and their pools, read when scraped (no disk walked here)."""
+
+    def __init__(self, pools: PoolSet, environments: LockedKernels) -> None:
+        self._pools = pools
+        self._environments = environments
+
+    def collect(self) -> Iterator[Metric]:
+        prepared = CounterMetricFamily(
+            f"{_PREFIX}_environments_prepared",
+            "Cells' locked environments made ready, by how: built, fetched, cached, failed",
+            labels=["origin"],
+        )
+        for origin in ("built", "fetched", "cached", "failed"):
+            prepared.add_metric([origin], self._environments.counts.get(origin, 0))
+        yield prepared
+        yield CounterMetricFamily(
+            f"{_PREFIX}_environment_build_seconds",
+            "Time spent building or fetching environments",
+            self._environments.build_seconds,
+        )
+        pools = [p for p in self._pools.stats() if not p.default]
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_environment_pools", "Live pools of locked environments", len(pools)
+        )
+        kernels = GaugeMetricFamily(
+            f"{_PREFIX}_environment_kernels", "Kernels of each environment's pool", labels=["pool"]
+        )
+        for pool in pools:
+            kernels.add_metric([pool.kind], pool.kernels)
+        yield kernels
+        yield GaugeMetricFamily(
+            f"{_PREFIX}_environment_disk_bytes",
+            "Bytes the built environments take under the root (measured after each build)",
+            sum(entry.bytes for entry in self._environments.disk),
+        )
+        yield CounterMetricFamily(
+            f"{_PREFIX}_environment_pools_stopped",
+            "Idle environment pools stopped to make room under --max-kernels",
+            self._pools.pools_stopped,
+        )
+
+
 class WorkerMetrics:
     """The worker's metrics registry and the instruments request handlers update."""
 
@@ -108,3 +153,7 @@ class WorkerMetrics:
             f"{_PREFIX}_bundle_bytes", "Output bundle bytes produced", registry=self.registry
         )
         self.registry.register(_PoolCollector(pool, gauges))
+
+    def watch_environments(self, pools: PoolSet, environments: LockedKernels) -> None:
+        """Export locked environments and their pools too."""
+        self.registry.register(_EnvironmentCollector(pools, environments))

@@ -17,10 +17,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from kernel_pool import PoolClosed
+from kernel_pool import KernelStartError, PoolClosed
 
 from .cancellation import unless_cancelled
-from .errors import CellTimedOut, KernelCrashed, WorkerBusy, storage_checked
+from .environments import LockedEnvironmentError
+from .environments.kernels import PreparedKind
+from .errors import CellTimedOut, EnvironmentFailed, KernelCrashed, WorkerBusy, storage_checked
 from .execution import ConsoleListener, run_cell
 from .jobs import Execution, Job, JobResult
 from .mounts.materialize import materialize, sync_back
@@ -103,10 +105,13 @@ async def execute_to_bundle(
     hand the plan to ``deliver`` (see :func:`in_memory_or_streamed`, :func:`to_file`)."""
 
     async def body() -> _T:
+        # the environment is built (or found) before a kernel is held: not in the cell's time
+        prepared = await _prepared_environment(state, cell)
+        kind = prepared.kind if prepared is not None else None
         # remote data is fetched before a kernel is held, and synced back after it is free
         mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
         try:
-            async with state.pool.lease() as lease:
+            async with state.pools.lease(kind) as lease:
                 if on_start is not None:
                     on_start()
                 with _observed(state) as observe:
@@ -118,9 +123,16 @@ async def execute_to_bundle(
                     log.info("the cell raised %s", _type_name(outcome.error_type))
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
+        except KernelStartError as exc:  # only an environment's new pool starts at a lease
+            raise EnvironmentFailed(f"its kernels could not start: {exc}") from None
         if outcome.success:
             writes = await sync_back(cell.mounts, mounted) if cell.mounts else []
             outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
+        if prepared is not None:  # as the reference reports it
+            built = prepared.environment
+            outcome = replace(
+                outcome, environment={"key": built.dir_key, "installed": built.installed}
+            )
         if after_cell is not None:
             outcome = await after_cell(outcome)
         # a few small files on a memory-backed run dir: cheaper to bundle than to hand over
@@ -167,6 +179,17 @@ def to_file(
         return path
 
     return deliver
+
+
+async def _prepared_environment(state: WorkerState, cell: CellRequest) -> PreparedKind | None:
+    """The locked environment ``cell`` runs in, built first where needed, and its kind of
+    kernel; ``None`` for the worker's own environment."""
+    if cell.environment is None:
+        return None
+    try:
+        return await state.environments.prepare(cell.environment)
+    except LockedEnvironmentError as exc:
+        raise EnvironmentFailed(str(exc)) from None
 
 
 @contextlib.contextmanager

@@ -134,6 +134,16 @@ class Settings:
     preload: str | None = None
     kernel_init: str | None = None
     """A file run in each kernel after the fork (the preload runs once, before it)."""
+    locked_environments: bool = True
+    """Run cells in their notebook's locked environment, where uv works here."""
+    env_root: Path | None = None
+    """Where environments are built; None: STRATA_WORKER_ENV_ROOT, else ~/.strata/worker-envs."""
+    env_registry_url: str | None = None
+    allow_source_builds: bool = False
+    env_pool_size: int = 1
+    max_kernels: int | None = None
+    """Kernels of every pool together; None: the worker's own pool plus 4."""
+    env_max_disk: int | None = None
     kernel_start_timeout: float = 600.0
     """Seconds a kernel may take to start, its preload included (a model may load for long)."""
     recycle: RecyclePolicy = RecyclePolicy.RESET

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from kernel_pool import Pool
+from kernel_pool import Pool, PoolSet
 
 from .errors import WorkerBusy
 from .execution import ExecutionContext
@@ -19,6 +19,7 @@ from .jobs import Execution, JobQueue
 from .settings import Settings
 
 if TYPE_CHECKING:
+    from .environments.kernels import LockedKernels
     from .metrics import WorkerMetrics
     from .mounts.cache import MountCache
     from .runs.reuse import ReusableFiles
@@ -34,6 +35,9 @@ class WorkerState:
     jobs: JobQueue
     metrics: WorkerMetrics
     mount_cache: MountCache
+    pools: PoolSet
+    """The default pool (``pool``) and one per locked environment in use."""
+    environments: LockedKernels
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
     uploads: int = 0

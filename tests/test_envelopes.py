@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from kernel_worker.errors import BadRequest
+from kernel_worker.environments import lock_key
+from kernel_worker.errors import BadRequest, EnvironmentFailed, status_for
 from kernel_worker.protocol.envelopes import (
     CellRequest,
     InjectedSpec,
@@ -571,10 +572,30 @@ def test_language_must_be_a_string(language: Any, shown: str) -> None:
     assert parse_v1(v1(params={"language": ""})).language == "python"  # the reference's default
 
 
-def test_locked_environment_refused() -> None:
-    assert v1_detail(v1(params={"environment": {"lock": "x"}})) == (
-        "Locked environments are not supported by this worker"
-    )
+@pytest.mark.parametrize(
+    ("environment", "message"),
+    [
+        ({"lock": "x"}, "environment.key must be a sha256 hex digest"),
+        ([], "environment must be an object"),
+        ({}, "environment.key must be a sha256 hex digest"),
+        ({"key": "a" * 64, "lockfile": "", "pyproject": ""}, "environment.lockfile does not match environment.key"),
+        ({"key": "a" * 64, "lockfile": 1, "pyproject": ""}, "environment needs lockfile and pyproject text"),
+    ],
+)
+def test_a_malformed_locked_environment_is_the_references_500(environment: Any, message: str) -> None:
+    with pytest.raises(EnvironmentFailed) as raised:
+        parse_v1(v1(params={"environment": environment}))
+    assert raised.value.detail == f"locked environment: {message}"
+    assert status_for(raised.value) == 500
+
+
+def test_a_locked_environment_is_parsed_with_its_key_checked() -> None:
+    lockfile = 'version = 1\nrequires-python = ">=3.12"\n'
+    raw = {"key": lock_key(lockfile), "python": "3.12", "lockfile": lockfile, "pyproject": "[project]"}
+    cell = parse_v1(v1(params={"environment": raw}))
+    assert cell.environment is not None and cell.environment.key == raw["key"]
+    assert cell.environment.python == "3.12"
+    assert parse_v1(v1(params={"environment": None})).environment is None
 
 
 # ---- mounts --------------------------------------------------------------------------

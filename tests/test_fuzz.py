@@ -338,7 +338,6 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
         st.builds(set_param, st.just("mutation_defines"), not_object_or_null.filter(lambda v: not (isinstance(v, list) and all(isinstance(x, str) for x in v)))),
         st.builds(set_param, st.just("tables"), not_object_or_null | st.dictionaries(st.text(max_size=4), json_values.filter(lambda v: not (isinstance(v, dict) and isinstance(v.get("uri"), str))), min_size=1)),
         st.builds(set_param, st.just("language"), st.sampled_from(["r", "R", "julia", "Python", 1, True, False, 0, [], ["python"]])),
-        st.builds(set_param, st.just("environment"), json_values.filter(lambda v: v is not None)),
         st.builds(set_input, st.just("name"), bad_names),
         st.builds(set_input, st.just("content_type"), unknown_formats),
         st.builds(set_input, st.just("file"), bad_files | not_string.filter(lambda v: v is not None)),
@@ -380,6 +379,21 @@ def test_the_unmutated_envelopes_run(client: httpx.Client, route: str) -> None:
 def test_invalid_envelope_fields_are_400(client: httpx.Client, route: str, data: st.DataObject) -> None:
     mutation = data.draw(invalid_mutations(route))
     assert_refused(post_metadata(client, route, mutate(route, mutation)))
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@FUZZ
+@given(environment=json_values.filter(lambda v: v is not None))
+def test_a_malformed_locked_environment_is_the_references_500(
+    client: httpx.Client, route: str, environment: object
+) -> None:
+    """Anything but a spec whose key matches its lock: 500 ``locked environment: ...``, as
+    the reference answers it (Strata shows that text), never a crash."""
+    response = post_metadata(client, route, mutate(route, set_param("environment", environment)))
+    assert response.status_code == 500, response.text[:300]
+    body = response.json()
+    assert body["success"] is False and body["error"].startswith("locked environment: ")
+    assert body["detail"] == body["error"]
 
 
 @pytest.mark.parametrize("route", ROUTES)

@@ -15,6 +15,7 @@ Counters here feed ``/health`` and ``/metrics``: builds, cache hits, failures.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections import Counter
@@ -27,7 +28,7 @@ from kernel_pool import KernelKind
 from .disk import EnvironmentUsage
 from .errors import LockedEnvironmentError
 from .spec import EnvironmentSpec
-from .store import BuiltEnvironment, EnvironmentStore
+from .store import BuiltEnvironment, EnvironmentOrigin, EnvironmentStore
 from .uv import probe_uv
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,9 @@ class LockedKernels:
             preparing.add_done_callback(lambda _: self._preparing.pop(key, None))
         # shielded: one caller cancelled (its client gone) leaves the build to the others
         prepared = await asyncio.shield(preparing)
-        self._ready[key] = prepared
+        # later cells find it ready: for them it was cached, not installed
+        cached = dataclasses.replace(prepared.environment, origin=EnvironmentOrigin.CACHED)
+        self._ready[key] = PreparedKind(prepared.kind, cached)
         self.last_used[prepared.kind.name] = time.monotonic()
         return prepared
 

@@ -52,7 +52,7 @@ async def health(request: Request) -> JSONResponse:
         "capabilities": {
             "protocol_versions": [EXECUTOR_PROTOCOL],
             "transform_refs": [TRANSFORM_REF],
-            "features": _features(),
+            "features": _features(state),
             "limits": {
                 "max_input_bytes": state.settings.max_input_bytes,
                 "console_cap": state.settings.console_cap,
@@ -81,6 +81,21 @@ async def health(request: Request) -> JSONResponse:
             "memory": state.pool.memory().as_dict(),
         },
     }
+    body["environments"] = {
+        **state.environments.described(),
+        "pools": [
+            {
+                "kind": pool.kind,
+                "kernels": pool.kernels,
+                "leases": pool.users,
+                "idle_seconds": round(pool.idle_seconds, 1),
+            }
+            for pool in state.pools.stats()
+            if not pool.default
+        ],
+        "pools_started": state.pools.pools_started,
+        "pools_stopped": state.pools.pools_stopped,
+    }
     if state.draining:
         body["status"] = "draining"
     return JSONResponse(body, status_code=200 if serving and not state.draining else 503)
@@ -105,8 +120,9 @@ router.add_api_route("/health", health, methods=["HEAD"], include_in_schema=Fals
 router.add_api_route("/ready", ready, methods=["HEAD"], include_in_schema=False)
 
 
-def _features() -> dict[str, object]:
-    """Advertise only what this worker implements."""
+def _features(state: WorkerState) -> dict[str, object]:
+    """Advertise only what this worker implements (and, for locked environments, can do:
+    uv was found and answered at start)."""
     return {
         "notebook_protocol_version": NOTEBOOK_PROTOCOL,
         "output_format": OUTPUT_FORMAT,
@@ -114,7 +130,7 @@ def _features() -> dict[str, object]:
         "cancel": True,
         "output_dirs": True,
         "folder_inputs": True,
-        "locked_environments": False,
+        "locked_environments": state.environments.enabled,
         "languages": ["python"],
         "locked_r_environments": False,
         "mount_cache_probe": True,

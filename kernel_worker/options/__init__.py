@@ -10,6 +10,7 @@ from ``GROUPS``.
 from __future__ import annotations
 
 from .environment import SETTINGS
+from .environments import OPTIONS as ENVIRONMENT_OPTIONS
 from .kernels import OPTIONS as KERNEL_OPTIONS
 from .model import Option, Setting
 from .parsing import ENV_PREFIX
@@ -30,6 +31,7 @@ __all__ = [
 GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
     ("Serving", SERVING_OPTIONS),
     ("Kernels", KERNEL_OPTIONS),
+    ("Locked environments", ENVIRONMENT_OPTIONS),
     ("Runs and their caps", RUN_OPTIONS),
 )
 OPTIONS: tuple[Option, ...] = tuple(option for _, group in GROUPS for option in group)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from kernel_worker.agent.plan import TableRef
-from kernel_worker.errors import BadRequest
+from kernel_worker.environments import EnvironmentSpec, EnvironmentSpecError, parse_environment
+from kernel_worker.errors import BadRequest, EnvironmentFailed
 from kernel_worker.mounts.specs import MountSpec, parse_mounts
 
 __all__ = [
@@ -112,9 +113,8 @@ class CellRequest:
     build_id: str | None
     tables: Mapping[str, TableRef]
     language: str
-    environment: object = None
-    """The notebook's locked environment as sent (checked when the cell runs, where a bad
-    one is the reference's 500); ``None``: the worker's own environment."""
+    environment: EnvironmentSpec | None = None
+    """The notebook's locked environment; ``None``: the worker's own."""
 
 
 def input_extension(content_type: str) -> str:
@@ -199,8 +199,16 @@ def _cell_request(
         build_id=_build_id(build_id),
         tables=_tables(params.get("tables")),
         language=_language(params.get("language")),
-        environment=params.get("environment"),
+        environment=_environment(params.get("environment")),
     )
+
+
+def _environment(value: object) -> EnvironmentSpec | None:
+    """The locked environment asked for; a malformed one is the reference's 500."""
+    try:
+        return parse_environment(value)
+    except EnvironmentSpecError as exc:
+        raise EnvironmentFailed(str(exc)) from None
 
 
 def _source(value: object) -> str:

@@ -63,6 +63,8 @@ class CellOutcome:
     output_dirs_streamed: Mapping[str, Sequence[str]] | None = None
     # the output folders held more files than a run returns: {folders, max_files, limit}
     output_dirs_truncated: Mapping[str, object] | None = None
+    # the locked environment it ran in: {key (its directory key), installed (by this run)}
+    environment: Mapping[str, object] | None = None
 
 
 def build_manifest(
@@ -116,6 +118,8 @@ def build_manifest(
         manifest["mount_writes"] = [dict(entry) for entry in outcome.mount_writes]
     if outcome.output_dirs_truncated is not None:
         manifest["output_dirs_truncated"] = dict(outcome.output_dirs_truncated)
+    if outcome.environment is not None:
+        manifest["environment"] = dict(outcome.environment)
     return manifest
 
 
