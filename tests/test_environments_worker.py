@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,14 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import WorkerProcess, start_worker
+from tests.conftest import WorkerProcess, kernel_uid_unavailable, start_worker
 from tests.envfixtures import (  # noqa: F401
     Projects,
+    counting_uv,
+    lock_project,
     projects_fixture,
     py312_fixture,
     uv_fixture,
 )
-from tests.wire import execute, read_bundle, run_ok
+from tests.wire import execute, read_bundle, run_ok, v1_metadata
 
 ENV_CELL = (
     "import sys, six\n"
@@ -215,3 +219,95 @@ def test_locked_environments_off(
         )
     finally:
         worker.stop()
+
+
+def test_a_failed_build_fails_every_waiter_with_its_message(
+    env_worker: WorkerProcess, projects: Projects
+) -> None:
+    """Cells that wait on one build that fails all get its message; the next cell tries
+    again (and fails the same way: nothing half-made is trusted)."""
+    environment = projects.ancient_traitlets.raw()
+    with httpx.Client(base_url=env_worker.url, timeout=600) as client:
+
+        def one(_: int) -> tuple[int, str]:
+            return failure(
+                wait_for_bundle(client, execute(client, "x = 1", environment=environment))
+            )
+
+        with concurrent.futures.ThreadPoolExecutor(3) as threads:
+            answers = list(threads.map(one, range(4)))
+    assert {status for status, _ in answers} == {500}
+    assert len({error for _, error in answers}) == 1, answers
+    assert "traitlets==4.3.3" in answers[0][1]
+
+
+def test_a_cancel_while_the_environment_builds_stops_the_wait(
+    tmp_path_factory: pytest.TempPathFactory, uv: str, py312: Path, tmp_path: Path
+) -> None:
+    """The cancel route answers a cell still waiting on its build: 409 to its poll, at
+    once, while the build (held at a gate here) goes on, and a later cell finds it."""
+    project = lock_project(tmp_path / "p", uv, py312, "cancelled", ["idna==3.7"])
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    gate, counter = tmp_path / "gate", tmp_path / "syncs"
+    counting_uv(tools / "uv", uv, counter, gate=gate)  # `uv sync` waits for the gate
+    path = os.pathsep.join([str(tools), str(py312.parent), os.environ.get("PATH", "")])
+    worker = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--env-root", str(tmp_path / "envs"),
+        "--queue-wait", "1", env={"PATH": path},
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=worker.url, timeout=600) as client:
+            metadata = {**v1_metadata("import idna", environment=project.raw()), "build_id": "b1"}
+            waiting = execute(client, "", metadata=metadata)
+            assert waiting.status_code == 202, waiting.text
+            assert client.post("/v1/executions/b1/cancel").status_code == 200
+            status, error = failure(wait_for_bundle(client, waiting))
+            assert (status, error) == (409, "execution was cancelled")
+            assert client.get("/health").json()["status"] == "healthy"
+            gate.touch()  # the build goes on: the next cell gets the environment
+            cell = "import idna\nv = idna.__version__"
+            later = wait_for_bundle(client, execute(client, cell, environment=project.raw()))
+            assert json.loads(read_bundle(later).file("v")) == "3.7"
+        assert len(counter.read_text().split()) == 1  # built once, for both
+    finally:
+        gate.touch()
+        worker.stop()
+
+
+def test_kernels_of_an_environment_run_as_their_own_uids(
+    tmp_path_factory: pytest.TempPathFactory, projects: Projects, py312: Path, uv: str
+) -> None:
+    """Security stays as it is: with ``--kernel-user FIRST-LAST`` an environment's kernels
+    run as uids of the range, from the scrubbed environment, like the worker's own."""
+    first = 64300
+    reason = kernel_uid_unavailable(first)
+    if reason is not None:
+        pytest.skip(reason)
+    root = Path(tempfile.mkdtemp(prefix="skw-envs-"))  # reachable by the kernels' uids
+    root.chmod(0o755)
+    runs = Path(tempfile.mkdtemp(prefix="skw-test-runs-"))
+    runs.chmod(0o711)
+    path = f"{py312.parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    worker = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--env-root", str(root), "--env-pool-size", "1",
+        "--kernel-user", f"{first}-{first + 5}",
+        env={"PATH": path, "STRATA_WORKER_TOKEN": "t0ken-for-env-uids"}, run_dir=runs,
+    )  # fmt: skip
+    headers = {"Authorization": "Bearer t0ken-for-env-uids"}
+    cell = "import os, six\nuid = os.getuid()\ntoken = os.environ.get('STRATA_WORKER_TOKEN')\n"
+    try:
+        with httpx.Client(base_url=worker.url, timeout=600, headers=headers) as client:
+            env_run = read_bundle(
+                wait_for_bundle(client, execute(client, cell, environment=projects.basic.raw()))
+            )
+            assert env_run.manifest["success"], env_run.manifest
+            own = run_ok(client, "import os\nuid = os.getuid()")
+        uid = json.loads(env_run.file("uid"))
+        assert first <= uid <= first + 5
+        assert uid != json.loads(own.file("uid"))  # kernels of two pools: two uids
+        assert json.loads(env_run.file("token")) is None
+    finally:
+        worker.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(runs, ignore_errors=True)
