@@ -25,6 +25,7 @@ from .memory import PoolMemory, ProcessMemory
 from .messages import STREAM_DROPPED_MSG_TYPE, ExecuteResult, Output, dropped_characters
 from .pool import Pool
 from .pools import KindPoolStats, PoolSet
+from .shipping import KernelSetup, ShippedPackage
 from .stats import DurationSummary, PoolStats
 
 __all__ = [
@@ -38,9 +39,10 @@ __all__ = [
     "KernelInitError",
     "KernelKind",
     "KernelNoReply",
+    "KernelSetup",
     "KernelStartError",
-    "KindPoolStats",
     "KernelState",
+    "KindPoolStats",
     "Lease",
     "Output",
     "Pool",
@@ -55,5 +57,6 @@ __all__ = [
     "ProcessMemory",
     "RecyclePolicy",
     "RetireReason",
+    "ShippedPackage",
     "dropped_characters",
 ]

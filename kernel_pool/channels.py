@@ -13,7 +13,7 @@ while ``/health`` waited seconds). And ZMQ holds at most :data:`_IOPUB_QUEUE` IO
 messages the pool has not read yet: past that it stops reading the kernel's socket, and
 the kernel holds what it publishes (its helper lifts the kernel's own limit, past which a
 publisher drops messages, so nothing is lost, an idle status included; see
-``_inkernel_streams.py``). ZMQ's default let the pool's process queue a thousand messages
+``inkernel/streams.py``). ZMQ's default let the pool's process queue a thousand messages
 of any size from a kernel that published faster than it read.
 
 With ``max_message`` (the worker sets it), no IOPub frame larger than that is taken in at

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .kinds import DEFAULT_KIND, KernelKind
+from .shipping import NO_SETUP, KernelSetup
 
 
 class RecyclePolicy(enum.Enum):
@@ -28,17 +29,9 @@ class PoolConfig:
     """Extra warm kernels kept ready so a retirement never makes a request wait."""
     kind: KernelKind = DEFAULT_KIND
     """What starts the pool's kernels (interpreter or kernelspec, fork or spawn, preload)."""
-    setup_code: str | None = None
-    """Code the pool's user runs in every kernel before the preload (e.g. an agent)."""
-    fork_setup_code: str | None = None
-    """Code run once in the fork server, before it forks kernels, so that forked kernels
-    start with what it loads (modules that ``setup_code`` would otherwise compile in every
-    kernel). It must be safe to fork after: no threads, event loops or open sockets.
-    Spawned kernels never see it; ``setup_code`` must work without it."""
-    forked_setup_code: str | None = None
-    """Run instead of ``setup_code`` in kernels forked from the fork server, which start
-    with what ``fork_setup_code`` loaded (``None``: ``setup_code``). A kernel runs its setup
-    as a cell, which IPython reads token by token: a short one starts the kernel sooner."""
+    setup: KernelSetup = NO_SETUP
+    """What every kernel runs at start, before the preload: packages shipped into it (e.g. a
+    worker's agent) and the function that installs them."""
     recycle: RecyclePolicy = RecyclePolicy.RESET
     max_uses: int | None = None
     max_kernel_memory: int | None = None

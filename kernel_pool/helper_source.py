@@ -1,9 +1,6 @@
-"""What a kernel is started with: the pool's in-kernel helper as one source text, the code
-that loads it into a kernel started without it, ipykernel's arguments, and the kernel's
-environment and working directory.
-
-The ``_inkernel*.py`` files are not imported here: they run inside kernels, concatenated in
-the order of ``_INKERNEL_FILES`` into the one module ``_kernel_pool_agent``.
+"""What a kernel is started with: the code that loads and installs the pool's in-kernel
+package and the setup's, ipykernel's arguments, and the kernel's environment (which owns its
+GPU slot) and working directory.
 """
 
 from __future__ import annotations
@@ -12,48 +9,37 @@ import os
 from pathlib import Path
 
 from .config import PoolConfig
+from .shipping import INKERNEL, ShippedPackage, load_code
 
 __all__ = [
-    "BOOTSTRAP",
+    "GPU_VARIABLE",
     "HELPER",
-    "INKERNEL_SOURCE",
     "KERNEL_ARGS",
     "kernel_cwd",
     "kernel_environment",
+    "setup_code",
+    "shipped_packages",
 ]
 
-# the helper, and the interpreter and library settings its reset restores, as one module
-_INKERNEL_FILES = (
-    "_inkernel",
-    "_inkernel_namespace",
-    "_inkernel_interpreter",
-    "_inkernel_process",
-    "_inkernel_state",
-    "_inkernel_logging",
-    "_inkernel_registries",
-    "_inkernel_display",
-    "_inkernel_modules",
-    "_inkernel_hooks",
-    "_inkernel_patches",
-    "_inkernel_imports",
-    "_inkernel_threads",
-    "_inkernel_messaging",
-    "_inkernel_streams",
-    "_inkernel_sizes",
-)
-INKERNEL_SOURCE = "\n".join(
-    Path(__file__).with_name(f"{name}.py").read_text(encoding="utf-8") for name in _INKERNEL_FILES
-)
-HELPER = "__import__('sys').modules['_kernel_pool_agent']"
-BOOTSTRAP = (  # loads the helper in a kernel that starts without it
-    "def __kernel_pool_boot(src):\n"
-    "    import sys, types\n"
-    "    mod = types.ModuleType('_kernel_pool_agent')\n"
-    "    exec(compile(src, '<kernel_pool agent>', 'exec'), mod.__dict__)\n"
-    "    sys.modules['_kernel_pool_agent'] = mod\n"
-    f"__kernel_pool_boot({INKERNEL_SOURCE!r})\n"
-    "del __kernel_pool_boot\n"
-)
+HELPER = f"__import__({INKERNEL.name!r})"
+"""The pool's in-kernel package, as an expression run in the kernel."""
+GPU_VARIABLE = "CUDA_VISIBLE_DEVICES"
+"""Set to a kernel's GPU slot in its start environment, and kept so for every cell."""
+
+
+def shipped_packages(config: PoolConfig) -> tuple[ShippedPackage, ...]:
+    """The packages every kernel of ``config`` starts with loaded."""
+    return (INKERNEL, *config.setup.packages)
+
+
+def setup_code(config: PoolConfig, slot: str | None, *, loaded: bool) -> str:
+    """Kernel source run first in a kernel: load the shipped packages (unless ``loaded``: a
+    forked kernel has them from the fork server) and install the setup's code."""
+    pinned = (GPU_VARIABLE,) if slot is not None else ()
+    install = f"{HELPER}.install(get_ipython(), {config.setup.install!r}, {pinned!r})\n"
+    return install if loaded else load_code(shipped_packages(config)) + install
+
+
 KERNEL_ARGS = (
     "--HistoryManager.enabled=False",  # no SQLite history: nothing of a cell is written to disk
     "--IPKernelApp.capture_fd_output=True",
@@ -63,7 +49,7 @@ KERNEL_ARGS = (
     "--Kernel._execute_sleep=0",
     # no ipykernel parent poller: when the pool's process dies it exits the kernel alone,
     # leaving the cell's processes behind, and it raced the lifeline, which takes the
-    # kernel's whole process group down (see _inkernel._start_lifeline). ipykernel starts
+    # kernel's whole process group down (see the in-kernel process.start_lifeline). ipykernel starts
     # none for a parent that is PID 1 (which never goes away), and with a parent (unlike
     # 0) it does not print how to connect to the kernel.
     "--IPKernelApp.parent_handle=1",
@@ -78,7 +64,7 @@ def kernel_environment(
     env = dict(config.env if config.env is not None else os.environ)
     env.update(config.kind.env)
     if slot is not None:
-        env["CUDA_VISIBLE_DEVICES"] = slot
+        env[GPU_VARIABLE] = slot
     env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     env["IPYTHONDIR"] = str(kernel_dir / "ipython")
     for name in ("TMPDIR", "TEMP", "TMP", "KERNEL_POOL_TMPDIR"):  # a temp folder of its own

@@ -38,12 +38,12 @@ from .errors import (
 )
 from .forkserver import ForkServer, killed_with_kernel
 from .helper_source import (
-    BOOTSTRAP,
     HELPER,
-    INKERNEL_SOURCE,
     KERNEL_ARGS,
     kernel_cwd,
     kernel_environment,
+    setup_code,
+    shipped_packages,
 )
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
@@ -161,8 +161,8 @@ class Kernel:
             self._process = forked
             self.preloaded_in_template = kind.preload is not None
             await forked.start(
-                self._fork_server, arguments, env, cwd, self._identity, INKERNEL_SOURCE,
-                self._config.fork_setup_code, deadline, kind.preload,
+                self._fork_server, arguments, env, cwd, self._identity,
+                shipped_packages(self._config), deadline, kind.preload,
                 self._config.start_timeout_seconds,
             )  # fmt: skip
         else:
@@ -200,17 +200,13 @@ class Kernel:
                 return
 
     async def _run_startup_code(self, deadline: float) -> None:
-        # a forked kernel has the helper loaded already (see kernel_pool._zygote)
-        has_agent = self._process is not None and self._process.has_agent
-        bootstrap = "" if has_agent else BOOTSTRAP
+        # a forked kernel has the shipped packages loaded already (see the fork server)
+        loaded = self._process is not None and self._process.has_agent
+        setup = setup_code(self._config, self.slot, loaded=loaded)
         # as few round trips as the order allows: the helper calls ride on the code's
         # execution (user expressions run after the code, and only if it succeeded)
         mark = {"mark": f"{HELPER}.mark_before_preload()"}
         capture = {"capture": f"{HELPER}.capture()"}
-        setup_code = self._config.setup_code
-        if has_agent and self._config.forked_setup_code is not None:
-            setup_code = self._config.forked_setup_code
-        setup = bootstrap + "\n" + (setup_code or "")
         # the stages after the setup: the preload (unless the template ran it before the
         # fork), then the per-kernel stage; the baseline is captured after the last
         stages = [("kernel init", self._config.kind.kernel_init)]

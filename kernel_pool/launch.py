@@ -25,6 +25,7 @@ from jupyter_client.session import Session
 from .errors import KernelStartError
 from .forkserver import ExitCallback, ForkedKernelProcess, ForkServer, unwatch_and_close
 from .processes import KernelIdentity
+from .shipping import INKERNEL, ShippedPackage, load_code
 
 ShutdownRequest = Callable[[], object]
 
@@ -36,7 +37,8 @@ class KernelProcess(abc.ABC):
     connection_info: Mapping[str, Any]
     session: Session
     has_agent = False
-    """Whether the kernel starts with the pool's helper module loaded."""
+    """Whether the kernel starts with the shipped packages loaded (forked from the fork
+    server, which loaded them)."""
 
     @property
     @abc.abstractmethod
@@ -82,8 +84,7 @@ class ForkedKernel(KernelProcess):
         env: Mapping[str, str],
         cwd: Path,
         identity: KernelIdentity | None,
-        agent: str,
-        prepare: str | None,
+        packages: tuple[ShippedPackage, ...],
         deadline: float,
         template: str | None = None,
         template_timeout: float | None = None,
@@ -93,7 +94,8 @@ class ForkedKernel(KernelProcess):
         read_end, write_end = os.pipe()
         try:
             self._process = await fork_server.spawn(
-                list(arguments), env, str(cwd), identity, agent, prepare, deadline,
+                list(arguments), env, str(cwd), identity, INKERNEL.name, load_code(packages),
+                deadline,
                 template, template_timeout, connection, write_end,
             )  # fmt: skip
             os.close(write_end)

@@ -54,7 +54,7 @@ def test_records_are_split_by_process_even_when_a_command_line_spans_lines() -> 
         (f"{STDLIB}/selectors.py", "stdlib:selectors"),
         ("/src/project/kernel_worker/http/app.py", "kernel_worker"),
         ("/src/project/kernel_pool/pool.py", "kernel_pool"),
-        ("<kernel_pool agent>", "agent"),
+        ("<kernel_pool_inkernel.restore>", "agent"),
         ("<strata_kernel_agent.codecs>", "agent"),
         ("<string>", "cell"),
         ("/tmp/ipykernel_4242/3405691582.py", "cell"),

@@ -31,8 +31,10 @@ from kernel_pool import (
     PreloadError,
 )
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
+from kernel_pool.shipping import INKERNEL, load_code
 
 from .conftest import alive, start_worker, wait_gone
+from .setups import kernel_setup
 from .test_pool import run, settle
 from .wire import run_ok
 
@@ -87,7 +89,7 @@ async def test_forked_kernels_are_children_of_the_pools_process(pool: Pool) -> N
     # forking is only safe from a process with one thread: nothing it imports may start one
     assert server.num_threads() == 1
     assert server.cmdline()[1:2] == [
-        os.path.join(os.path.dirname(kernel_pool.__file__), "_zygote.py")
+        os.path.join(os.path.dirname(kernel_pool.__file__), "forkserver", "_zygote.py")
     ]
     for pid in pool.kernel_pids().values():  # shown as a spawned kernel would be
         assert pid is not None
@@ -296,7 +298,8 @@ async def _spawn(server: ForkServer, marker: Path, deadline: float) -> ForkedKer
     read_end, write_end = os.pipe()
     try:
         kernel = await server.spawn(
-            ["-f", str(marker)], os.environ, str(marker.parent), None, "", None, deadline,
+            ["-f", str(marker)], os.environ, str(marker.parent), None, INKERNEL.name,
+            load_code((INKERNEL,)), deadline,
             connection=connection, key_fd=write_end,
         )  # fmt: skip
         os.close(write_end)
@@ -410,42 +413,48 @@ def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path:
                 os.kill(pid, signal.SIGKILL)
 
 
-_FORK_SETUP = (
-    "import os, sys, types\n"
-    "prepared = types.ModuleType('prepared_here')\n"
-    "prepared.pid = os.getpid()\n"
-    "sys.modules['prepared_here'] = prepared\n"
-)
+_LOADED_WHERE = "import os\nloaded_in = os.getpid()\n"
 _PREPARED = (
     "import json, os, sys\n"
-    "m = sys.modules.get('prepared_here')\n"
-    "print(json.dumps({'pid': os.getpid(), 'prepared_by': m and m.pid}))\n"
+    "m = sys.modules[{name!r}]\n"
+    "print(json.dumps({{'pid': os.getpid(), 'loaded_in': m.loaded_in}}))\n"
 )
 
 
 @pytest.mark.parametrize("fork_server", [True, False])
-async def test_fork_setup_code_runs_once_in_the_fork_server(fork_server: bool) -> None:
-    config = PoolConfig(size=2, fork_setup_code=_FORK_SETUP, kind=KernelKind(fork=fork_server))
+async def test_shipped_packages_load_once_in_the_fork_server(fork_server: bool) -> None:
+    setup = kernel_setup(_LOADED_WHERE, install=False)
+    config = PoolConfig(size=2, setup=setup, kind=KernelKind(fork=fork_server))
+    code = _PREPARED.format(name=setup.packages[0].name)
     async with Pool(config) as pool, pool.lease() as first, pool.lease() as second:
-        seen = [json.loads(await run(lease, _PREPARED)) for lease in (first, second)]
+        seen = [json.loads(await run(lease, code)) for lease in (first, second)]
         server = fork_server_of(pool).pid if fork_server else None
     if fork_server:  # both kernels have what the fork server loaded, once, before forking
-        assert [s["prepared_by"] for s in seen] == [server, server]
+        assert [s["loaded_in"] for s in seen] == [server, server]
         assert all(s["pid"] != server for s in seen)
-    else:  # spawned kernels never see it
-        assert [s["prepared_by"] for s in seen] == [None, None]
+    else:  # a spawned kernel loads it itself
+        assert [s["loaded_in"] for s in seen] == [s["pid"] for s in seen]
+
+
+_INSTALL = (
+    "import os\n"
+    "def install(shell, hooks):\n"
+    "    shell.user_ns['installed_in'] = os.getpid()\n"
+    "    hooks.register_reset_hook(lambda: None)\n"
+)
 
 
 @pytest.mark.parametrize("fork_server", [True, False])
-async def test_forked_kernels_run_the_forked_setup_code_instead(fork_server: bool) -> None:
-    config = PoolConfig(size=1, fork_setup_code=_FORK_SETUP, setup_code="setup_ran = 'setup_code'\n", forked_setup_code="setup_ran = 'forked_setup_code'\n", kind=KernelKind(fork=fork_server))  # fmt: skip
+async def test_the_setup_installs_in_every_kernel(fork_server: bool) -> None:
+    config = PoolConfig(size=1, setup=kernel_setup(_INSTALL), kind=KernelKind(fork=fork_server))
     async with Pool(config) as pool, pool.lease() as lease:
-        ran = await run(lease, "print(setup_ran)")
-    assert ran == ("forked_setup_code\n" if fork_server else "setup_code\n")
+        ran = await run(lease, "import os\nprint(installed_in == os.getpid())")
+    assert ran == "True\n"
 
 
-async def test_fork_setup_code_that_fails_stops_the_start_with_its_message() -> None:
-    pool = Pool(PoolConfig(size=1, fork_setup_code="raise ValueError('bad setup')"))
+async def test_a_shipped_package_that_fails_stops_the_start_with_its_message() -> None:
+    setup = kernel_setup("raise ValueError('bad setup')\n", install=False)
+    pool = Pool(PoolConfig(size=1, setup=setup))
     with pytest.raises(KernelStartError, match="bad setup"):
         await pool.start()
     await pool.aclose()
@@ -476,7 +485,7 @@ async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped(
 def test_a_pid_used_again_is_never_taken_for_a_stray() -> None:
     """A pid noted when a kernel's tree was killed may name a later process of ours (a
     Popen child here): its exit status stays its owner's."""
-    from kernel_pool import forkserver
+    from kernel_pool.forkserver import server as forkserver
 
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
     deadline = time.monotonic() + 10

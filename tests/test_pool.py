@@ -27,6 +27,7 @@ from kernel_pool import (
 )
 
 from .conftest import alive
+from .setups import kernel_setup
 
 
 def stdout_of(result: object) -> str:
@@ -463,7 +464,8 @@ async def test_each_retired_kernel_is_replaced_at_once() -> None:
     # starts that take a while: a kernel retired while another's replacement is still
     # starting must be replaced at once, not after it (else kills that come faster than a
     # start takes drain the pool and requests wait)
-    config = PoolConfig(size=3, setup_code="import time\ntime.sleep(2.0)\n")
+    slow = "import time\ndef install(shell, hooks):\n    time.sleep(2.0)\n"
+    config = PoolConfig(size=3, setup=kernel_setup(slow))
     async with Pool(config) as pool:
         for _ in range(2):
             async with pool.lease() as lease:
@@ -520,16 +522,16 @@ async def test_kernel_that_exits_while_idle_is_never_leased(pool: Pool) -> None:
 
 
 async def test_comm_messages_reach_in_kernel_code() -> None:
-    setup = (
+    setup = kernel_setup(
         "def _echo_target(comm, open_msg):\n"
         "    @comm.on_msg\n"
         "    def _(msg):\n"
         "        data = msg['content']['data']\n"
         "        comm.send({'doubled': data['n'] * 2}, buffers=[bytes(b)[::-1] for b in msg['buffers']])\n"
-        "get_ipython().kernel.comm_manager.register_target('echo', _echo_target)\n"
-        "del _echo_target\n"
+        "def install(shell, hooks):\n"
+        "    shell.kernel.comm_manager.register_target('echo', _echo_target)\n"
     )
-    async with Pool(PoolConfig(size=1, setup_code=setup)) as pool, pool.lease() as lease:
+    async with Pool(PoolConfig(size=1, setup=setup)) as pool, pool.lease() as lease:
         deadline = time.monotonic() + 10
         await lease.send(
             "comm_open", {"comm_id": "c1", "target_name": "echo", "data": {}}, deadline=deadline

@@ -117,7 +117,9 @@ def instance_of(module_name: str, *attrs: str) -> Callable[[object], bool]:
 
     def probe(value: object) -> bool:
         module = sys.modules.get(module_name)
-        kinds = tuple(getattr(module, a, None) for a in attrs) if module is not None else ()
+        kinds: tuple[Any, ...] = ()
+        if module is not None:
+            kinds = tuple(getattr(module, a, None) for a in attrs)
         return bool(kinds) and all(isinstance(k, type) for k in kinds) and isinstance(value, kinds)
 
     return probe

@@ -6,17 +6,20 @@ The displays are recorded on the run in progress (``run_state``); ``outputs`` wr
 Stdlib only at import time; IPython and matplotlib are patched when present.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import re
 import sys
 import warnings
+from typing import Any
 
 from . import tracebacks
 from .run_state import current, state
 
 
-def display(*objs, **kwargs):
+def display(*objs: Any, **kwargs: Any) -> Any:
     """IPython's ``display`` that also records the objects for the reference's display view,
     as a notebook's output area keeps them: ``update_display`` (or a handle's ``update``)
     replaces the display of that id, ``clear_output`` (or ``clear=True``) drops those before."""
@@ -47,7 +50,7 @@ def display(*objs, **kwargs):
     return state["display"](*objs, **kwargs)
 
 
-def clear_output(wait=False):
+def clear_output(wait: bool = False) -> Any:
     """IPython's ``clear_output``: the displays shown so far leave the display view too (at
     once, or with ``wait=True`` when the next display comes)."""
     run = current()
@@ -58,7 +61,7 @@ def clear_output(wait=False):
     return state["clear_output"](wait)
 
 
-def _apply_pending_clear(run):
+def _apply_pending_clear(run: Any) -> None:
     if run.clear_pending:
         run.clear_pending = False
         run.displays.clear()
@@ -68,12 +71,12 @@ def _apply_pending_clear(run):
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
 
 
-def _is_rich_print(obj):
+def _is_rich_print(obj: Any) -> Any:
     kind = type(obj)
     return kind.__name__ == "JupyterRenderable" and kind.__module__ == "rich.jupyter"
 
 
-def _rich_as_in_a_process(module):
+def _rich_as_in_a_process(module: Any) -> None:
     """rich takes a kernel for a notebook: it would send what it prints (``rich.print``, a
     ``Console``, a ``RichHandler``) as displays, which Strata cannot show, and a progress bar
     or ``Live`` would want ipywidgets. Here it writes to stdout as in the reference's cell
@@ -82,11 +85,11 @@ def _rich_as_in_a_process(module):
         module._is_jupyter = _not_a_notebook
 
 
-def _not_a_notebook():
+def _not_a_notebook() -> Any:
     return False
 
 
-def _printed_as_text(objs):
+def _printed_as_text(objs: Any) -> Any:
     """What a ``Console(force_jupyter=True)`` sends as a display goes to stdout as text, as in
     the reference's cell process (see :func:`_rich_as_in_a_process`)."""
     kept = []
@@ -99,7 +102,7 @@ def _printed_as_text(objs):
     return kept
 
 
-def _unproxied(stream):
+def _unproxied(stream: Any) -> Any:
     """The stream under rich's stand-ins for ``sys.stdout``: a progress bar or ``Live``
     replaces it with a proxy that prints through its console, which here sends a display,
     which would come back to the proxy forever (the cell would hang until its timeout)."""
@@ -121,14 +124,14 @@ class Markdown:
 
     text: str
 
-    def _repr_markdown_(self):
+    def _repr_markdown_(self) -> Any:
         return self.text
 
-    def __str__(self):
+    def __str__(self) -> Any:
         return self.text
 
 
-def patch_display():
+def patch_display() -> None:
     import IPython.core.display_functions as functions
     import IPython.display as public
 
@@ -137,12 +140,12 @@ def patch_display():
     functions.display = display
     public.display = display
     functions.clear_output = public.clear_output = clear_output
-    inline = sys.modules.get("matplotlib_inline.backend_inline")
+    inline: Any = sys.modules.get("matplotlib_inline.backend_inline")
     if inline is not None:
         inline.display = display
 
 
-def _show_figure(figure, warn=True):
+def _show_figure(figure: Any, warn: bool = True) -> Any:
     """``Figure.show()`` during a cell: the figure is displayed (recorded, as in the
     reference, and sent as IPython's display); a headless backend would show nothing."""
     run = current()
@@ -152,7 +155,7 @@ def _show_figure(figure, warn=True):
     return state["figure_show"](figure, warn=warn)
 
 
-def quiet_formatting(shell):
+def quiet_formatting(shell: Any) -> None:
     """Formatting a display never fails the cell, and a format method that returns the wrong
     type leaves no warning in its stderr: that display just lacks the format (see
     ``tracebacks.quiet``)."""
@@ -161,7 +164,7 @@ def quiet_formatting(shell):
     formatter = shell.display_formatter
     format_ = formatter.format
 
-    def format(obj, include=None, exclude=None):
+    def format(obj: Any, include: Any = None, exclude: Any = None) -> Any:
         with tracebacks.quiet(), warnings.catch_warnings():
             warnings.simplefilter("ignore", FormatterWarning)
             return format_(obj, include=include, exclude=exclude)
@@ -169,8 +172,8 @@ def quiet_formatting(shell):
     formatter.format = format
 
 
-def _patch_figure(module):
-    figure = getattr(module, "Figure", None)
+def _patch_figure(module: Any) -> None:
+    figure: Any = getattr(module, "Figure", None)
     show = getattr(figure, "show", None)
     if show is None or show is _show_figure:
         return
@@ -178,7 +181,7 @@ def _patch_figure(module):
     figure.show = _show_figure
 
 
-def _show_pyplot(*args, **kwargs):
+def _show_pyplot(*args: Any, **kwargs: Any) -> Any:
     """``plt.show()`` during a cell: every open figure is displayed, whatever the backend,
     and stays open, as in the reference (a second ``plt.show()`` shows them again). The
     inline backend's own ``show`` would close them, so it is not called; its end-of-cell
@@ -196,7 +199,7 @@ def _show_pyplot(*args, **kwargs):
     return state["pyplot_show"](*args, **kwargs)
 
 
-def _inline_backend():
+def _inline_backend() -> Any:
     """Whether the inline backend is matplotlib's (read raw: reading ``rcParams["backend"]``
     would make matplotlib choose one now)."""
     params = getattr(sys.modules.get("matplotlib"), "rcParams", {})
@@ -204,7 +207,7 @@ def _inline_backend():
     return "matplotlib_inline" in str(backend)
 
 
-def _patch_pyplot(module):
+def _patch_pyplot(module: Any) -> None:
     show = getattr(module, "show", None)
     if show is None or show is _show_pyplot:
         return
@@ -212,24 +215,23 @@ def _patch_pyplot(module):
     module.show = _show_pyplot
 
 
-def patch_figure_show():
+def patch_figure_show(pool: Any) -> None:
     """``Figure.show`` and ``pyplot.show`` patched now, or the moment a cell imports their
-    modules (the pool's in-kernel helper watches imports)."""
-    helper = sys.modules["_kernel_pool_agent"]
-    helper.after_import("matplotlib.figure", _patch_figure)
-    helper.after_import("matplotlib.pyplot", _patch_pyplot)
-    helper.after_import("matplotlib_inline.backend_inline", _keep_figures_open)
-    helper.after_import("rich.console", _rich_as_in_a_process)
+    modules (the pool's in-kernel code watches imports: ``pool``, a :class:`~.host.PoolHooks`)."""
+    pool.after_import("matplotlib.figure", _patch_figure)
+    pool.after_import("matplotlib.pyplot", _patch_pyplot)
+    pool.after_import("matplotlib_inline.backend_inline", _keep_figures_open)
+    pool.after_import("rich.console", _rich_as_in_a_process)
 
 
-def stop_recording():
+def stop_recording() -> None:
     """``post_execute`` runs before the inline backend flushes figures nobody showed."""
     run = current()
     if run is not None:
         run.recording = False
 
 
-def _keep_figures_open(module):
+def _keep_figures_open(module: Any) -> None:
     """The inline backend shows the figures nobody showed at the end of a cell and would
     then close them all, before the cell's outputs are serialized: a figure that is an output
     would be pickled detached from pyplot (read back without its Agg canvas, and unknown to

@@ -5,15 +5,18 @@ An input that cannot be loaded fails the cell: ``FailCell`` replaces the cell's 
 ``raise_pending``, which raises the error as the cell's own. Stdlib only at import time.
 """
 
+from __future__ import annotations
+
 import ast
 import os
 import pathlib
+from typing import Any
 
 from . import arrow_codec, codecs
 from .run_state import current
 
 
-def bind(shell, run):
+def bind(shell: Any, run: Any) -> None:
     plan = run.plan  # a RunPlan (see plan)
     arrow_codec.offer_spares(list(plan.spares))
     for key, value in plan.env.items():
@@ -63,7 +66,7 @@ class InputError(Exception):
 InputError.__module__ = "builtins"  # a traceback names it InputError, not this agent's module
 
 
-def raise_pending():
+def raise_pending() -> None:
     """Called in place of the cell when preparing it failed."""
     run = current()
     if run is not None and run.error is not None:
@@ -74,7 +77,7 @@ def raise_pending():
 class FailCell(ast.NodeTransformer):
     """Replace the cell by :func:`raise_pending` when its inputs could not be prepared."""
 
-    def visit_Module(self, node):
+    def visit_Module(self, node: Any) -> Any:
         run = current()
         if run is None or run.error is None:
             return node

@@ -233,7 +233,7 @@ def load_cell_instance(path: Path) -> object:
         raise ValueError("A module/cell-instance record needs string module_name and class_name")
     if not isinstance(source, str):
         raise ValueError(f"The stored {class_name} instance has no module source text")
-    cls = getattr(_cell_module(name, source, path, None), class_name, None)
+    cls: Any = getattr(_cell_module(name, source, path, None), class_name, None)
     if not isinstance(cls, type):
         raise ValueError(f"Notebook module {name!r} does not define class {class_name!r}")
     if "state_payload" in record and "state_codec" in record:
@@ -243,6 +243,7 @@ def load_cell_instance(path: Path) -> object:
         state = _loads(codec, payload)
     else:
         state = pickle.loads(record["state_pickle"])  # the first version of the format
-    instance = cls.__new__(cls)
+    made: Any = cls  # any class a cell defined: its own __new__ makes the instance
+    instance = made.__new__(made)
     _restore_state(instance, state, class_name)
     return instance

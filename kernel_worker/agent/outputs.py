@@ -5,11 +5,15 @@ Previews are bounded so the report stays small; the values are whole in their fi
 Stdlib only at import time.
 """
 
+from __future__ import annotations
+
 import contextlib
 import io
 import json
 import os
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 from . import codecs, display_files, rundir
 from .run_state import state
@@ -20,7 +24,7 @@ INLINE_IMAGE_LIMIT = 16 * 1024 * 1024
 _json_dumps = json.JSONEncoder(default=repr).encode  # immune to a cell patching json.dumps
 
 
-def _is_output(name, value_id, run):
+def _is_output(name: str, value_id: Any, run: Any) -> Any:
     if name.startswith("_") or name in _SKIPPED_NAMES:
         return False
     if name in run.plan.mutation_defines:
@@ -28,7 +32,7 @@ def _is_output(name, value_id, run):
     return run.before.get(name) != value_id or name in run.rebound
 
 
-def _serialize(name, value, files_dir, for_display=False):
+def _serialize(name: str, value: Any, files_dir: str, for_display: bool = False) -> Any:
     try:
         meta = codecs.serialize(name, value, files_dir, for_display=for_display)
     except Exception as exc:  # a codec bug must not lose the other outputs
@@ -37,7 +41,7 @@ def _serialize(name, value, files_dir, for_display=False):
     return meta
 
 
-def _bound_preview(meta):
+def _bound_preview(meta: Any) -> None:
     """Keep the manifest small: a preview is for display, the value itself is in its file."""
     url = meta.get("inline_data_url")
     if isinstance(url, str) and len(url) > INLINE_IMAGE_LIMIT:
@@ -65,7 +69,7 @@ def _bound_preview(meta):
         meta["preview_truncated"] = True
 
 
-def _trimmed(value, budget):
+def _trimmed(value: Any, budget: int) -> Any:
     """``value`` (JSON data) cut to about ``budget`` characters of JSON, keeping its shape:
     a list keeps its leading items that fit whole (a table preview, its first rows), a
     dict its leading entries, a string its start; an item that alone does not fit is cut
@@ -73,7 +77,8 @@ def _trimmed(value, budget):
     if isinstance(value, str):
         return value if len(value) <= budget else value[: max(budget, 0)] + "…"
     if isinstance(value, list):
-        kept, used = [], 2
+        kept: list[Any] = []
+        used = 2
         for item in value:
             size = len(_json_dumps(item)) + 2
             if used + size > budget:
@@ -96,7 +101,7 @@ def _trimmed(value, budget):
     return value
 
 
-def _collect_variables(ns, run, files_dir):
+def _collect_variables(ns: dict[str, Any], run: Any, files_dir: str) -> Any:
     variables = {}
     values = {}
     for name, value in list(ns.items()):
@@ -106,7 +111,7 @@ def _collect_variables(ns, run, files_dir):
     return variables, values
 
 
-def _collect_displays(shell, run, variables, values, files_dir):
+def _collect_displays(shell: Any, run: Any, variables: Any, values: Any, files_dir: str) -> Any:
     result = getattr(shell.last_execution_result, "result", None)
     shown = list(run.displays)
     if result is not None:
@@ -117,7 +122,7 @@ def _collect_displays(shell, run, variables, values, files_dir):
     return displays
 
 
-def _display_entry(index, obj, variables, values, files_dir):
+def _display_entry(index: Any, obj: Any, variables: Any, values: Any, files_dir: str) -> Any:
     """A display that is a variable of the same content type reuses that variable's file."""
     for name, value in values.items():
         if value is obj and "error" not in variables[name]:
@@ -128,7 +133,7 @@ def _display_entry(index, obj, variables, values, files_dir):
 
 
 @contextlib.contextmanager
-def silenced():
+def silenced() -> Iterator[Any]:
     """What serializing outputs prints or warns (pandas on mixed-type column names, a
     ``__reduce__`` that prints) is not the cell's output: the reference's cell process
     serializes after its capture of stdout and stderr has ended."""
@@ -142,7 +147,7 @@ def silenced():
         yield
 
 
-def collect(run):
+def collect(run: Any) -> None:
     """Serialize the cell's outputs and displays; write the report next to them."""
     shell = state["shell"]
     files_dir = run.plan.files_dir
@@ -167,7 +172,7 @@ def collect(run):
     write_report(run.plan.report_path, report, displaced)
 
 
-def write_report(path, report, displaced=None):
+def write_report(path: str, report: Any, displaced: Any = None) -> None:
     """The report as a new file; ``displaced`` (``{where: st_mode}``) tells the worker what
     the cell left where the agent writes, set aside (what held the report's name too)."""
     fd, mode = rundir.create_new(path)

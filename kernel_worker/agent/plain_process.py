@@ -5,14 +5,17 @@ cell, an empty stdin, and warnings that name the cell as ``<cell>`` or ``<string
 Stdlib only at import time; ``runtime.install`` applies these to the shell.
 """
 
+from __future__ import annotations
+
 import ast
 import sys
+from typing import Any
 
 from . import tracebacks
 from .run_state import current
 
 
-def no_loop_while_synchronous(shell):
+def no_loop_while_synchronous(shell: Any) -> None:
     """Synchronous cell code runs with no event loop running, as in a plain process.
 
     The kernel runs its cells from inside its own event loop, so ``asyncio.run()`` and
@@ -27,7 +30,9 @@ def no_loop_while_synchronous(shell):
 
     run_code = shell.run_code
 
-    async def run_code_without_loop(code_obj, result=None, *, async_=False):
+    async def run_code_without_loop(
+        code_obj: Any, result: Any = None, *, async_: bool = False
+    ) -> Any:
         loop = None if async_ else events._get_running_loop()
         if loop is None:
             return await run_code(code_obj, result, async_=async_)
@@ -41,7 +46,7 @@ def no_loop_while_synchronous(shell):
     shell.run_code = run_code_without_loop
 
 
-def plain_python_text(shell):
+def plain_python_text(shell: Any) -> None:
     """A cell's text is read as Python reads it: IPython would dedent an indented cell and
     strip ``>>>`` and ``In [1]:`` prompts, which the reference's cell process refuses as
     Python does (``unexpected indent``, ``invalid syntax``). IPython's own syntax (``%magic``,
@@ -61,17 +66,17 @@ def plain_python_text(shell):
 class Exit:
     """``exit()``/``quit()`` end the cell with SystemExit instead of the whole kernel."""
 
-    def __repr__(self):
+    def __repr__(self) -> Any:
         return "Call exit() to stop the cell"
 
-    def __call__(self, code=None):
+    def __call__(self, code: Any = None) -> None:
         raise SystemExit() if code is None else SystemExit(code)
 
 
 # -- warnings ------------------------------------------------------------------------------------
 
 
-def cell_warning_format(shell):
+def cell_warning_format(shell: Any) -> None:
     """A warning raised by the cell's own code names the cell as the reference's cell
     process does (see :func:`cell_file_label`), instead of the kernel's cache file for the
     cell (a temporary path) followed by the source line; warnings from any other file keep
@@ -80,7 +85,9 @@ def cell_warning_format(shell):
 
     original = warnings.formatwarning
 
-    def formatwarning(message, category, filename, lineno, line=None):
+    def formatwarning(
+        message: Any, category: Any, filename: str, lineno: Any, line: Any = None
+    ) -> Any:
         if tracebacks.is_cell_file(shell, filename):
             filename, line = cell_file_label(), ""
         return original(message, category, filename, lineno, line)
@@ -88,11 +95,12 @@ def cell_warning_format(shell):
     warnings.formatwarning = formatwarning
     # Python and IPython show a DeprecationWarning raised by ``__main__``'s code, which is
     # the cell's here; the reference's cell has no ``__name__``, so Python hides them there
-    warnings.filters[:] = [f for f in warnings.filters if not _shows_main_deprecations(f)]
+    kept = [f for f in warnings.filters if not _shows_main_deprecations(f)]
+    warnings.filters[:] = kept  # type: ignore[index]  # a list, typed as a sequence
     getattr(warnings, "_filters_mutated", lambda: None)()  # drop cached decisions
 
 
-def _shows_main_deprecations(entry):
+def _shows_main_deprecations(entry: Any) -> Any:
     action, _message, category, module, _lineno = entry
     pattern = getattr(module, "pattern", module)
     return (
@@ -104,12 +112,12 @@ def _shows_main_deprecations(entry):
     )
 
 
-def current_source():
+def current_source() -> Any:
     run = current()
     return None if run is None else run.source
 
 
-def cell_file_label():
+def cell_file_label() -> Any:
     """``<cell>`` when the cell ends in an expression, else ``<string>``: the reference
     compiles a cell that ends in an expression as ``<cell>`` (to evaluate that expression)
     and ``exec``s any other cell from its source text."""
@@ -128,7 +136,7 @@ def cell_file_label():
 # -- stdin ---------------------------------------------------------------------------------------
 
 
-def _input_at_eof(prompt=""):
+def _input_at_eof(prompt: str = "") -> None:
     """``input()`` as in a process whose stdin is empty (the reference's cell process): the
     prompt is written, then ``EOFError``; ipykernel would raise StdinNotImplementedError,
     which code written for scripts (``except EOFError``) does not expect."""
@@ -136,7 +144,7 @@ def _input_at_eof(prompt=""):
     raise EOFError("EOF when reading a line")
 
 
-def _getpass_at_eof(prompt="Password: ", stream=None):
+def _getpass_at_eof(prompt: str = "Password: ", stream: Any = None) -> None:
     """``getpass.getpass()`` without a terminal and with an empty stdin: warns, writes the
     prompt to ``stream`` (stderr by default), then ``EOFError``."""
     import getpass
@@ -148,7 +156,7 @@ def _getpass_at_eof(prompt="Password: ", stream=None):
     raise EOFError
 
 
-def stdin_at_eof(shell):
+def stdin_at_eof(shell: Any) -> None:
     kernel = getattr(shell, "kernel", None)
     if kernel is not None:  # ipykernel installs these as input/getpass around each cell
         kernel.raw_input = _input_at_eof

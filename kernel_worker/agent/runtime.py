@@ -11,8 +11,11 @@ collects the outputs, ``displays`` records what the cell shows, ``plain_process`
 cell behave as in a plain Python process, and ``run_state`` holds the run they share.
 """
 
+from __future__ import annotations
+
 import os
 import sys
+from typing import Any
 
 from . import (
     arrow_codec,
@@ -29,7 +32,7 @@ from .plan import RunPlan
 from .run_state import Run, current, current_plan, state
 
 
-def _parent_plan(shell):
+def _parent_plan(shell: Any) -> Any:
     kernel = getattr(shell, "kernel", None)
     if kernel is None:
         return None
@@ -39,7 +42,7 @@ def _parent_plan(shell):
     return None if plan is None else RunPlan.from_dict(plan)
 
 
-def _pre_run_cell(info=None):
+def _pre_run_cell(info: Any = None) -> None:
     shell = state["shell"]
     plan = _parent_plan(shell)
     if plan is None:
@@ -59,7 +62,7 @@ def _pre_run_cell(info=None):
     )
 
 
-def _post_run_cell(result=None):
+def _post_run_cell(result: Any = None) -> None:
     """After a successful cell (and before the kernel replies), collect its outputs."""
     run = current()
     if run is None or run.collected or (result is not None and not result.success):
@@ -74,7 +77,7 @@ def _post_run_cell(result=None):
         arrow_codec.offer_spares(None)  # offered to this run's outputs only
 
 
-def _end_run():
+def _end_run() -> None:
     run = state["run"]
     state["run"] = None
     rebinding.stop()
@@ -84,7 +87,7 @@ def _end_run():
         _forget_run_imports(run)
 
 
-def _forget_run_imports(run):
+def _forget_run_imports(run: Any) -> None:
     """Forget modules imported from the run directory, and import caches of its folders.
 
     A module the cell wrote and imported (``helpers.py`` in its working directory) or found
@@ -114,7 +117,7 @@ def _forget_run_imports(run):
         state["finders"] = list(cache)
 
 
-def _imported_from(module, root):
+def _imported_from(module: Any, root: Any) -> Any:
     """Whether ``module``'s file (or a namespace package's folder) is below ``root``."""
     try:
         attributes = vars(module)  # never a lazy module's __getattr__
@@ -126,8 +129,10 @@ def _imported_from(module, root):
         return False
 
 
-def install(shell):
-    """Hook the agent into ``shell``; called once per kernel before its baseline is taken."""
+def install(shell: Any, pool: Any) -> None:
+    """Hook the agent into ``shell``; called once per kernel, before its baseline is taken,
+    by the pool's in-kernel code, which hands over its hooks (``pool``, a
+    :class:`~.host.PoolHooks`)."""
     state["shell"] = shell
     displays.patch_display()
     displays.quiet_formatting(shell)
@@ -135,7 +140,7 @@ def install(shell):
     plain_process.plain_python_text(shell)
     # %store keeps values on disk for any later request (the reference has no such store)
     shell.magics_manager.magics["line"].pop("store", None)
-    displays.patch_figure_show()
+    displays.patch_figure_show(pool)
     figures.install(shell)
     display_files.install(shell, current_plan)
     shell.events.register("pre_run_cell", _pre_run_cell)
@@ -151,7 +156,4 @@ def install(shell):
     plain_process.stdin_at_eof(shell)
     plain_process.cell_warning_format(shell)
     shell.user_ns["Markdown"] = displays.Markdown
-    pool_helper = sys.modules.get("_kernel_pool_agent")
-    if pool_helper is not None:
-        pool_helper.register_reset_hook(_end_run)
-    return True
+    pool.register_reset_hook(_end_run)

@@ -15,10 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from kernel_pool import KernelKind, Pool, PoolConfig
+from kernel_pool import KernelKind, KernelSetup, Pool, PoolConfig, ShippedPackage
 
-from .. import __version__
-from ..agent import fork_setup_code, forked_setup_code, setup_code
+from .. import __version__, agent
 from ..errors import WorkerError, error_response
 from ..execution import ExecutionContext
 from ..jobs import JobQueue
@@ -63,6 +62,13 @@ IOPUB_MESSAGE_BYTES = 1 << 19
 nothing is held. So a kernel holds the worker to its console cap plus a few MiB."""
 
 
+AGENT_SETUP = KernelSetup(
+    packages=(ShippedPackage(agent.AGENT_PACKAGE, Path(agent.__file__).parent),),
+    install=agent.INSTALL,
+)
+"""What every kernel starts with: the agent, shipped and installed."""
+
+
 def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     return PoolConfig(
         size=settings.pool_size,
@@ -73,9 +79,7 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
             preload=_read(settings.preload),
             kernel_init=_read(settings.kernel_init),
         ),
-        setup_code=setup_code(),
-        fork_setup_code=fork_setup_code(),
-        forked_setup_code=forked_setup_code(),
+        setup=AGENT_SETUP,
         recycle=settings.recycle,
         max_uses=settings.max_uses,
         max_kernel_memory=settings.max_kernel_memory,

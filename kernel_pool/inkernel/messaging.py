@@ -1,8 +1,6 @@
 """What a kernel publishes, and when: nothing for clients it never has, and nothing lost.
 
-Shipped into every kernel after ``_inkernel_patches.py``, into the same module (stdlib only).
-
-- :func:`_lean_messaging` (run once, with the baseline) drops per-request work a stock
+- :func:`lean_messaging` (run once, with the baseline) drops per-request work a stock
   kernel does for clients the pool's kernels never have, and makes sure what the cell
   printed is sent before the kernel's idle status.
 - :func:`drain_fd_output` (after each execution) waits for output the cell's subprocesses
@@ -19,8 +17,8 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
   thread has sent the idle status (it waited for the GIL while the reset held it, a
   millisecond or more).
 - How much of a cell's stdout and stderr is published at most (a cap per stream and
-  request, counted past it, fd-level output included) is ``_inkernel_streams.py``'s, set up
-  by :func:`_lean_messaging` too.
+  request, counted past it, fd-level output included) is ``streams``', set up
+  by :func:`lean_messaging` too.
 - :func:`before_kernel_app` (in a forked kernel, before ipykernel's application starts)
   keeps colours from being forced on the cells' processes, and has the main thread read
   shell requests itself. ipykernel 7 reads them in a thread of
@@ -28,6 +26,8 @@ Shipped into every kernel after ``_inkernel_patches.py``, into the same module (
   two threads: two thread hand-offs per request, ~0.5 ms of CPU and a tenth of a trivial
   cell's round trip on a 2-core machine. The pool never opens a subshell.
 """
+
+from __future__ import annotations
 
 import array
 import contextlib
@@ -38,13 +38,19 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
+
+from .baseline import get_shell
+from .sizes import cap_messages
+from .streams import cap_streams
 
 _DRAIN_SECONDS = 0.5  # at most, per stream: a thread starved that long is left behind
 _FIONREAD = 0x541B  # Linux, every architecture Python runs on
 _POLLOUT = 2  # zmq.POLLOUT
 
 
-def drain_fd_output():
+def drain_fd_output() -> None:
     for stream in (sys.stdout, sys.stderr):
         pipe = getattr(stream, "_fid", None)
         thread = getattr(stream, "watch_fd_thread", None)
@@ -57,7 +63,7 @@ def drain_fd_output():
             time.sleep(0.0002)  # the thread needs the GIL to pass the bytes on
 
 
-def _passed_on(pipe, stream, thread):
+def _passed_on(pipe: Any, stream: Any, thread: Any) -> Any:
     """Whether every byte written to ``pipe`` so far has been handed to ``stream``: the pipe
     is empty and the thread is blocked reading it (or echoing the last bytes it passed on
     to the original descriptor), not holding bytes it has read but not yet written."""
@@ -82,13 +88,13 @@ def _passed_on(pipe, stream, thread):
     return first_argument in (pipe, getattr(stream, "_original_stdstream_copy", None))
 
 
-def before_kernel_app():
+def before_kernel_app() -> None:
     """Prepare ipykernel in a forked kernel before its application starts."""
     _plain_environment()
     _no_shell_channel_thread()
 
 
-def _plain_environment():
+def _plain_environment() -> None:
     """Keep ipykernel from forcing colours on what the cells' processes print.
 
     For a notebook frontend it sets ``TERM=xterm-color``, ``CLICOLOR``, ``FORCE_COLOR`` and
@@ -101,14 +107,14 @@ def _plain_environment():
     except ImportError:
         return
 
-    def init_environment(self):
+    def init_environment(self: Any) -> None:
         os.environ["PAGER"] = "cat"
         os.environ["GIT_PAGER"] = "cat"
 
-    ZMQInteractiveShell.init_environment = init_environment
+    ZMQInteractiveShell.init_environment = init_environment  # type: ignore[method-assign]
 
 
-def _no_shell_channel_thread():
+def _no_shell_channel_thread() -> None:
     """Keep ipykernel 7's shell-channel thread from starting in this kernel.
 
     Its application creates the thread with the sockets; the kernel then reads the shell
@@ -129,7 +135,7 @@ def _no_shell_channel_thread():
     ):
         return
 
-    def init_sockets_without_shell_thread(self, *args, **kwargs):
+    def init_sockets_without_shell_thread(self: Any, *args: Any, **kwargs: Any) -> None:
         init_sockets(self, *args, **kwargs)
         thread = self.shell_channel_thread
         if thread and not thread.is_alive():
@@ -138,22 +144,23 @@ def _no_shell_channel_thread():
             with contextlib.suppress(Exception):
                 thread.io_loop.close()
 
-    IPKernelApp.init_sockets = init_sockets_without_shell_thread
-    Kernel._supports_kernel_subshells = property(lambda kernel: bool(kernel.shell_channel_thread))
+    IPKernelApp.init_sockets = init_sockets_without_shell_thread  # type: ignore[method-assign]
+    subshells = property(lambda kernel: bool(kernel.shell_channel_thread))
+    Kernel._supports_kernel_subshells = subshells  # type: ignore[method-assign,assignment]
 
 
 class _NoShellChannelThread:
     """Stands for the shell-channel thread a kernel does not have: false, and its
     ``parent_thread`` is the thread that reads the shell socket, the main thread."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.parent_thread = threading.main_thread()
 
-    def __bool__(self):
+    def __bool__(self) -> Any:
         return False
 
 
-def _lean_messaging():
+def lean_messaging() -> None:
     """Drop per-request work a stock kernel does for clients the pool's kernels never have.
 
     The pool is a kernel's only client, so: no ``execute_input`` rebroadcast of the code it
@@ -163,16 +170,16 @@ def _lean_messaging():
     times, each a thread hand-off of about 0.1 ms. Output still reaches IOPub before the idle
     status: a flush waits for a send under way (see :func:`_skip_idle_flushes`).
     """
-    kernel = getattr(_shell(), "kernel", None)  # noqa: F821 (from _inkernel.py)
+    kernel = getattr(get_shell(), "kernel", None)
     if kernel is None or getattr(kernel, "_kernel_pool_lean", False):
         return
-    kernel._kernel_pool_lean = True
+    vars(kernel)["_kernel_pool_lean"] = True
     kernel._publish_execute_input = _no_rebroadcast
     kernel._publish_status = _without_busy(kernel._publish_status)
     _reply_at_once(kernel)
-    cap_streams(kernel)  # noqa: F821 (from _inkernel_streams.py)
-    cap_messages(kernel)  # noqa: F821 (from _inkernel_sizes.py)
-    log = getattr(kernel, "log", None)
+    cap_streams(kernel)
+    cap_messages(kernel)
+    log: Any = getattr(kernel, "log", None)
     handlers = getattr(log, "handlers", None)
     if handlers and not getattr(log, "propagate", True):
         quietest = min(handler.level for handler in handlers)
@@ -183,10 +190,10 @@ def _lean_messaging():
         _output_stays_with_the_cell(stream)
     _remember_signature_checks()
     _pack_lone_surrogates(getattr(kernel, "session", None))
-    _hash_cells_in_c(getattr(_shell(), "compile", None))  # noqa: F821 (from _inkernel.py)
+    _hash_cells_in_c(getattr(get_shell(), "compile", None))
 
 
-def _output_stays_with_the_cell(stream):
+def _output_stays_with_the_cell(stream: Any) -> None:
     """What the cell's processes write to file descriptors 1 and 2 reaches the cell only.
 
     With ``capture_fd_output``, ipykernel's pipe reader also copies every byte it forwards
@@ -211,7 +218,7 @@ def _output_stays_with_the_cell(stream):
     stream.fileno = lambda: target
 
 
-def _hash_cells_in_c(compiler):
+def _hash_cells_in_c(compiler: Any) -> None:
     """Name each cell's code from a hash computed in C.
 
     ipykernel names a cell's code after a murmur2 hash of its text written in Python: 1.4 ms
@@ -227,14 +234,14 @@ def _hash_cells_in_c(compiler):
 
     folder = make_name() + os.sep
 
-    def get_code_name(raw_code, code, number):
+    def get_code_name(raw_code: Any, code: Any, number: Any) -> Any:
         text = raw_code.encode("utf-8", "surrogatepass")
         return f"{folder}{hashlib.blake2b(text, digest_size=8).hexdigest()}.py"
 
     compiler.get_code_name = get_code_name
 
 
-def _pack_lone_surrogates(session):
+def _pack_lone_surrogates(session: Any) -> None:
     """Send text holding a lone surrogate (``'\\ud800'``) with U+FFFD in its place.
 
     ipykernel's packer cannot encode one (only those that stand for a byte, which the pool
@@ -245,21 +252,21 @@ def _pack_lone_surrogates(session):
         return
     import json
 
-    def pack_lossless(obj):
+    def pack_lossless(obj: Any) -> Any:
         try:
             return pack(obj)
         except ValueError:
-            from jupyter_client.session import json_default
+            from jupyter_client.session import json_default  # type: ignore[attr-defined]
 
             text = json.dumps(obj, default=json_default, ensure_ascii=False, allow_nan=False)
             text = text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
             return text.encode("utf-8")
 
-    pack_lossless.kernel_pool_lossless = True
+    vars(pack_lossless)["kernel_pool_lossless"] = True
     session.pack = pack_lossless
 
 
-def _reply_at_once(kernel):
+def _reply_at_once(kernel: Any) -> None:
     """Send an execution's reply as soon as its handler returns.
 
     ipykernel queues the reply and sends it after the output flushes and the idle status,
@@ -267,12 +274,12 @@ def _reply_at_once(kernel):
     pool 0.5 to 1 ms after the idle status, and the pool answers on both. Where requests
     go through subshells, ipykernel does not flush the reply itself, and neither does this.
     """
-    handlers = getattr(kernel, "shell_handlers", None)
+    handlers: Any = getattr(kernel, "shell_handlers", None)
     handler = handlers.get("execute_request") if isinstance(handlers, dict) else None
     if handler is None or getattr(kernel, "_supports_kernel_subshells", True):
         return
 
-    async def execute_request(stream, ident, parent):
+    async def execute_request(stream: Any, ident: Any, parent: Any) -> None:
         result = handler(stream, ident, parent)
         if inspect.isawaitable(result):
             await result
@@ -283,12 +290,12 @@ def _reply_at_once(kernel):
     handlers["execute_request"] = execute_request
 
 
-def _no_rebroadcast(*args, **kwargs):
+def _no_rebroadcast(*args: Any, **kwargs: Any) -> None:
     """``Kernel._publish_execute_input`` for a kernel whose only client sent the code."""
 
 
-def _without_busy(publish_status):
-    def publish_unless_busy(status, *args, **kwargs):
+def _without_busy(publish_status: Any) -> Any:
+    def publish_unless_busy(status: Any, *args: Any, **kwargs: Any) -> None:
         if status != "busy":
             publish_status(status, *args, **kwargs)
         if status == "idle" and _pending_reset:
@@ -298,28 +305,29 @@ def _without_busy(publish_status):
                 return
             _start_after_send(loop, reset)
 
-    publish_unless_busy.kernel_pool_starts_resets = True
+    vars(publish_unless_busy)["kernel_pool_starts_resets"] = True
     return publish_unless_busy
 
 
-_pending_reset = []  # the lease's last cell's reset, until its idle status is published
+# the lease's last cell's reset, until its idle status is published
+_pending_reset: list[tuple[Any, Callable[[], None]]] = []
 
 
-def reset_after_idle(loop, *reset):
-    """Run ``_reset_and_report(*reset)`` on ``loop`` once the idle status that ends this
-    request is published and the IO thread has sent it. Without the hook that sees the
-    status published, as soon as the handler yields."""
-    kernel = getattr(_shell(), "kernel", None)  # noqa: F821 (from _inkernel.py)
+def reset_after_idle(loop: Any, reset: Any) -> None:
+    """Run ``reset()`` on ``loop`` once the idle status that ends this request is published
+    and the IO thread has sent it. Without the hook that sees the status published, as soon
+    as the handler yields."""
+    kernel = getattr(get_shell(), "kernel", None)
     publish = getattr(kernel, "_publish_status", None)
     if getattr(publish, "kernel_pool_starts_resets", False):
         _pending_reset[:] = [(loop, reset)]
     else:
-        loop.call_soon(_reset_and_report, *reset)  # noqa: F821 (from _inkernel.py)
+        loop.call_soon(reset)
 
 
-def _start_after_send(loop, reset):
-    start = functools.partial(loop.call_soon_threadsafe, _reset_and_report, *reset)  # noqa: F821
-    thread = getattr(getattr(_shell(), "kernel", None), "iopub_thread", None)  # noqa: F821
+def _start_after_send(loop: Any, reset: Any) -> None:
+    start = functools.partial(loop.call_soon_threadsafe, reset)
+    thread = getattr(getattr(get_shell(), "kernel", None), "iopub_thread", None)
     schedule = getattr(thread, "schedule", None)
     if schedule is None:
         start()
@@ -327,7 +335,7 @@ def _start_after_send(loop, reset):
         schedule(start)  # queued behind the status: runs once the IO thread has sent it
 
 
-def _remember_signature_checks():
+def _remember_signature_checks() -> None:
     """ipykernel inspects ``shell.run_cell``'s signature on every execution (about 60 us);
     the answer only changes with the function, so it is kept per function."""
     try:
@@ -337,9 +345,9 @@ def _remember_signature_checks():
     check = getattr(ipkernel, "_accepts_parameters", None)
     if check is None or getattr(check, "remembers", False):
         return
-    answers = {}
+    answers: dict[Any, Any] = {}
 
-    def accepts_parameters(meth, param_names):
+    def accepts_parameters(meth: Any, param_names: Any) -> Any:
         try:
             key = (getattr(meth, "__func__", meth), tuple(param_names))
             answer = answers.get(key)
@@ -351,11 +359,11 @@ def _remember_signature_checks():
             answer = answers[key] = check(meth, param_names)
         return dict(answer)
 
-    accepts_parameters.remembers = True
-    ipkernel._accepts_parameters = accepts_parameters
+    vars(accepts_parameters)["remembers"] = True
+    ipkernel._accepts_parameters = accepts_parameters  # type: ignore[attr-defined]
 
 
-def _skip_idle_flushes(stream):
+def _skip_idle_flushes(stream: Any) -> None:
     """Make ``stream.flush()`` return at once when nothing waits to be sent (an ipykernel
     ``OutStream`` only: its buffers, their lock and its pending flags are checked).
 
@@ -373,14 +381,14 @@ def _skip_idle_flushes(stream):
     lock = stream._buffer_lock
     sending = [0]  # sends under way (the IO thread's; the caller's when that thread is gone)
 
-    def counted_send():
+    def counted_send() -> None:
         sending[0] += 1  # before the send clears the pending flag
         try:
             send()
         finally:
             sending[0] -= 1
 
-    def flush_if_pending():
+    def flush_if_pending() -> None:
         if not (stream._flush_pending or stream._subprocess_flush_pending or sending[0]):
             with lock:
                 if not any(buffer.tell() for buffer in list(stream._buffers.values())):

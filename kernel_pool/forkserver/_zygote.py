@@ -1,6 +1,6 @@
 """The fork server: a process with ipykernel already imported that forks kernels on request.
 
-Run by :mod:`kernel_pool.forkserver` as a script (``python _zygote.py FD ROOM``, ROOM being
+Run by :mod:`kernel_pool.forkserver.server` as a script (``python _zygote.py FD ROOM``, ROOM being
 blank space for the kernels' command lines, see ``_set_command_line``), never imported
 by the pool. Starting a kernel from a fresh interpreter spends most of its time importing
 ipykernel, IPython, ZMQ and tornado; a fork of this process starts with all of that in
@@ -9,22 +9,22 @@ memory, so a kernel is ready in a fraction of the time and with a fraction of th
 Protocol on the inherited ``SOCK_SEQPACKET`` socket FD, one request at a time (a request is
 zlib-compressed JSON, a reply plain JSON):
 
-- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "agent", "prepare",
-  "template", "connection"}``, with the write end of a pipe passed along (``SCM_RIGHTS``).
+- request: a JSON object ``{"id", "argv", "env", "cwd", "uid", "gid", "helper", "template",
+  "connection"}``, with the write end of a pipe passed along (``SCM_RIGHTS``); or, before
+  the first of them, ``{"id", "prepare"}``.
   ``connection`` is the kernel's connection info without its key: the kernel makes its own
   key after the fork, writes it into that pipe (read by the pool only) and never to a file,
   so neither this process's memory (which later kernels are forked from) nor the disk ever
   holds a kernel's key.
-  ``agent`` is the source of the pool's in-kernel helper: compiled and run here once, the
-  kernel finds the module ``_kernel_pool_agent`` already loaded (and its
-  ``before_kernel_app()``, where it has one, runs in each kernel before ipykernel's
-  application starts). ``prepare`` (may be empty)
-  is the pool user's ``fork_setup_code``, run here once too: what it loads (modules in
-  ``sys.modules``) every kernel forked afterwards has. ``template`` (may be empty) is the
-  pool's preload: run here once, as plain Python, into the namespace that becomes every
-  forked kernel's user namespace (see :mod:`kernel_pool._template`);
-- reply: ``{"id", "pid": N}``, ``{"id", "error": "..."}`` or, when the preload failed or
-  left what a fork breaks, ``{"id", "preload_error": "..."}``, in the order of requests.
+  ``prepare`` is the code that loads the shipped packages (the pool's in-kernel package,
+  named by ``helper`` in the requests that follow, and its user's), run here once: every
+  kernel forked afterwards has them in ``sys.modules``, and the helper's
+  ``before_kernel_app()`` runs in each kernel before ipykernel's application starts.
+  ``template`` (may be empty) is the pool's preload: run here once, as plain Python, into
+  the namespace that becomes every forked kernel's user namespace (see ``_template.py``);
+- reply: ``{"id", "pid": N}``, ``{"id", "prepared": true}``, ``{"id", "error": "..."}`` or,
+  when the preload failed or left what a fork breaks, ``{"id", "preload_error": "..."}``,
+  in the order of requests.
 
 A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
 its pid and exits. The orphaned kernel is adopted by the pool's process (a child
@@ -72,8 +72,7 @@ _PRELOAD = (
     "tornado.platform.asyncio",
     "zmq.utils.garbage",
 )
-_agents: dict[str, types.ModuleType] = {}  # helper source -> the module it makes
-_prepared: set[str] = set()  # fork_setup_code already run here
+_prepared: set[str] = set()  # the packages' load code already run here
 # preload source -> (its namespace, its names) once run, or the message of its failure
 _templates: dict[str, tuple[dict[str, Any], frozenset[str]] | str] = {}
 
@@ -109,18 +108,9 @@ def _warm_up() -> None:
     gc.freeze()
 
 
-def _agent(source: str) -> types.ModuleType:
-    module = _agents.get(source)
-    if module is None:
-        module = types.ModuleType("_kernel_pool_agent")
-        exec(compile(source, "<kernel_pool agent>", "exec"), module.__dict__)
-        _agents[source] = module
-        gc.freeze()
-    return module
-
-
 def _prepare(source: str) -> None:
-    if source and source not in _prepared:
+    """Run the code that loads the shipped packages (once per text)."""
+    if source not in _prepared:
         exec(compile(source, "<fork server setup>", "exec"), {"__name__": "__fork_setup__"})
         _prepared.add(source)
         gc.freeze()
@@ -140,7 +130,7 @@ def _template(source: str, own_fds: set[int]) -> tuple[dict[str, Any], frozenset
 
 
 def _load_template() -> types.ModuleType:
-    """``kernel_pool/_template.py``, beside this script, loaded as a plain module."""
+    """``_template.py``, beside this script, loaded as a plain module."""
     module = sys.modules.get("_kernel_pool_template")
     if module is None:
         path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_template.py")
@@ -175,7 +165,7 @@ def _set_command_line(args: list[str]) -> None:
 
 def _become_kernel(
     request: dict[str, Any],
-    agent: types.ModuleType,
+    helper: types.ModuleType,
     template: tuple[dict[str, Any], frozenset[str]] | None,
     key_fd: int,
 ) -> None:
@@ -200,11 +190,8 @@ def _become_kernel(
         os.environ.clear()
         os.environ.update(request["env"])
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
-        sys.modules["_kernel_pool_agent"] = agent
         argv = request["argv"]  # parent_handle=1 among them: the lifeline watches the pool
-        before_app = getattr(agent, "before_kernel_app", None)
-        if before_app is not None:
-            before_app()
+        helper.before_kernel_app()
         sys.argv = [str(kernelapp.__file__), *argv]
         _set_command_line([sys.executable, "-m", "ipykernel_launcher", *request["argv"]])
         code = 0
@@ -212,7 +199,7 @@ def _become_kernel(
             kernelapp.launch_new_instance(argv=argv)
         else:  # the preload's namespace is the kernel's: its functions' globals are the cells'
             namespace, names = template
-            setattr(agent, "_template_names", names)  # noqa: B010 (the helper's own global)
+            helper.use_template_names(names)
             kernelapp.launch_new_instance(argv=argv, user_ns=namespace)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
@@ -252,7 +239,7 @@ def _connect_without_a_file(app: type, connection: dict[str, Any], key_fd: int) 
 
 def _fork_kernel(
     request: dict[str, Any],
-    agent: types.ModuleType,
+    helper: types.ModuleType,
     template: tuple[dict[str, Any], frozenset[str]] | None,
     key_fd: int,
 ) -> int:
@@ -266,7 +253,7 @@ def _fork_kernel(
                 kernel = os.fork()
                 if kernel == 0:
                     os.close(write_end)
-                    _become_kernel(request, agent, template, key_fd)
+                    _become_kernel(request, helper, template, key_fd)
                 os.write(write_end, str(kernel).encode())
             finally:
                 os._exit(0)
@@ -298,8 +285,11 @@ def _serve(sock: socket.socket) -> None:
         try:
             request = json.loads(zlib.decompress(data))
             request_id = request.get("id")
-            agent = _agent(request["agent"])
-            _prepare(request.get("prepare") or "")
+            if "prepare" in request:  # load the packages, before the first fork
+                _prepare(request["prepare"])
+                sock.send(json.dumps({"id": request_id, "prepared": True}).encode())
+                continue
+            helper = sys.modules[request["helper"]]
             template = None
             if request.get("template"):
                 made = _template(request["template"], {sock.fileno(), key_fd})
@@ -311,7 +301,7 @@ def _serve(sock: socket.socket) -> None:
             sys.stderr.flush()
             if key_fd < 0:
                 raise ValueError("no pipe for the kernel's key came with the request")
-            pid = _fork_kernel(request, agent, template, key_fd)
+            pid = _fork_kernel(request, helper, template, key_fd)
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
             sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
             continue
@@ -322,7 +312,7 @@ def _serve(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    # this script's directory (kernel_pool/) must not shadow anything a kernel imports
+    # this script's directory (kernel_pool/forkserver/) must not shadow what a kernel imports
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]
     sock = socket.socket(fileno=int(sys.argv[1]))

@@ -1,12 +1,11 @@
 """Threads and worker pools left running after a cell: which are a library's warm state.
 
-Shipped into every kernel with ``_inkernel.py``, into the same module (stdlib only). A
-thread still running after a cell (given a moment to end) makes the kernel unfit for reuse,
-unless a library owns it: it was started by a library's code, runs a library's code, and a
-loaded module holds it (a global or a class attribute, directly or through a few objects,
-as ``tqdm.tqdm.monitor`` or a library's module-wide thread pool). Such a thread lives as
-long as the library does, as in any long-lived interpreter, and joins the baseline. A
-thread a cell started itself, or one that runs a cell's function, never does.
+A thread still running after a cell (given a moment to end) makes the kernel unfit for
+reuse, unless a library owns it: it was started by a library's code, runs a library's code,
+and a loaded module holds it (a global or a class attribute, directly or through a few
+objects, as ``tqdm.tqdm.monitor`` or a library's module-wide thread pool). Such a thread
+lives as long as the library does, as in any long-lived interpreter, and joins the baseline.
+A thread a cell started itself, or one that runs a cell's function, never does.
 
 The pools that keep worker *processes* (joblib's and loky's reusable executor) are shut
 down by the reset instead: their workers were started with the request's environment and
@@ -15,47 +14,61 @@ as long as the interpreter and run no cell code (multiprocessing's and loky's re
 trackers, multiprocessing's fork server) are reported to the pool as part of the baseline.
 """
 
+from __future__ import annotations
+
+import contextlib
+import gc
+import sys
+import threading
+import time
+from types import FrameType, ModuleType
+from typing import Any
+
+from .baseline import BASELINE
+from .interpreter import retire_default_executor
+
 _THREAD_GRACE_SECONDS = 0.25
 # how many objects deep a module may hold a library's thread (module -> pool -> set -> thread)
 _HOLDER_DEPTH = 4
 # modules whose reusable executor keeps worker processes between calls
 _PROCESS_POOL_MODULES = ("joblib.externals.loky.reusable_executor", "loky.reusable_executor")
 _STARTED_BY_CELL = "_kernel_pool_started_by_cell"
-_user_ns_of_cells = {}  # "ns": the shell's user namespace, the globals of a cell's code
+# "ns": the shell's user namespace, the globals of a cell's code
+_user_ns_of_cells: dict[str, Any] = {}
 
 
-def watch_thread_starts(shell):
+def watch_thread_starts(shell: Any) -> None:
     """Mark each thread started from a cell's own code (call once, before the baseline)."""
     _user_ns_of_cells["ns"] = shell.user_ns
-    start = threading.Thread.start  # noqa: F821 (threading from _inkernel.py)
+    start = threading.Thread.start
     if getattr(start, "_kernel_pool_watched", False):
         return
 
-    def marking_start(self, _start=start):
-        with contextlib.suppress(Exception):  # noqa: F821 (a thread that refuses attributes)
+    def marking_start(self: threading.Thread, _start: Any = start) -> Any:
+        with contextlib.suppress(Exception):  # a thread that refuses attributes
             setattr(self, _STARTED_BY_CELL, _called_from_cell())
         return _start(self)
 
-    marking_start._kernel_pool_watched = True
+    vars(marking_start)["_kernel_pool_watched"] = True
     marking_start.__name__ = marking_start.__qualname__ = "start"
     marking_start.__doc__ = start.__doc__
-    threading.Thread.start = marking_start  # noqa: F821
+    threading.Thread.start = marking_start  # type: ignore[method-assign]
 
 
-def _called_from_cell():
+def _called_from_cell() -> Any:
     """Whether the code that called ``Thread.start`` (past threading's own) is a cell's."""
-    frame = sys._getframe(2)  # noqa: F821 (sys from _inkernel.py)
-    own = threading.__file__  # noqa: F821
+    frame: FrameType | None = sys._getframe(2)
+    own = threading.__file__
     while frame is not None and frame.f_code.co_filename == own:
         frame = frame.f_back
     return frame is not None and _cells_globals(frame.f_globals)
 
 
-def _cells_globals(namespace):
+def _cells_globals(namespace: Any) -> Any:
     return namespace is _user_ns_of_cells.get("ns")
 
 
-def _runs_cell_code(thread):
+def _runs_cell_code(thread: Any) -> Any:
     """Whether ``thread`` runs a function or a ``run`` method a cell defined."""
     for function in (getattr(thread, "_target", None), getattr(type(thread), "run", None)):
         if _cells_globals(getattr(function, "__globals__", None)):
@@ -63,24 +76,24 @@ def _runs_cell_code(thread):
     return False
 
 
-def threads_left(problems):
+def threads_left(problems: list[str]) -> Any:
     """Threads started since the baseline that still run and no library owns. A library's
     own join the baseline. The event loop's default executor (``await asyncio.to_thread``)
     and the libraries' process pools are shut down first, and threads get a moment to end:
     one ending just after the cell is not worth a new kernel."""
-    _retire_default_executor()  # noqa: F821 (from _inkernel_interpreter.py)
+    retire_default_executor()
     _shut_down_process_pools(problems)
     left = [
         thread
-        for thread in threading.enumerate()  # noqa: F821
-        if thread not in _baseline["threads"] and thread.is_alive()  # noqa: F821
+        for thread in threading.enumerate()
+        if thread not in BASELINE["threads"] and thread.is_alive()
     ]
-    deadline = time.monotonic() + _THREAD_GRACE_SECONDS  # noqa: F821
+    deadline = time.monotonic() + _THREAD_GRACE_SECONDS
     for thread in left:
-        remaining = deadline - time.monotonic()  # noqa: F821
+        remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        with contextlib.suppress(RuntimeError):  # noqa: F821 (the reset's own: never the case)
+        with contextlib.suppress(RuntimeError):  # the reset's own: never the case
             thread.join(remaining)
     left = [thread for thread in left if thread.is_alive()]
     candidates = [
@@ -90,12 +103,12 @@ def threads_left(problems):
     ]
     owned = _held_by_libraries(candidates) if candidates else set()
     if owned:  # (the baseline's threads that ended are let go)
-        alive = {t for t in _baseline["threads"] if t.is_alive()}  # noqa: F821
-        _baseline["threads"] = frozenset(alive | {t for t in left if id(t) in owned})  # noqa: F821
+        alive = {t for t in BASELINE["threads"] if t.is_alive()}
+        BASELINE["threads"] = frozenset(alive | {t for t in left if id(t) in owned})
     return [thread for thread in left if id(thread) not in owned]
 
 
-def _held_by_libraries(threads):
+def _held_by_libraries(threads: Any) -> Any:
     """ids of the ``threads`` that a loaded module holds, a few objects deep.
 
     Walks referrers outward from the threads, level by level; a module's namespace (other
@@ -105,28 +118,29 @@ def _held_by_libraries(threads):
     """
     modules = {
         id(vars(module)): name
-        for name, module in list(sys.modules.items())  # noqa: F821
-        if isinstance(module, _MODULE) and name != "__main__"  # noqa: F821
+        for name, module in list(sys.modules.items())
+        if isinstance(module, ModuleType) and name != "__main__"
     }
-    skipped = {id(threading._active), id(threading._limbo), id(_user_ns_of_cells.get("ns"))}  # noqa: F821
+    tables = (getattr(threading, "_active", None), getattr(threading, "_limbo", None))
+    skipped = {*map(id, tables), id(_user_ns_of_cells.get("ns"))}
     owned = set()
-    gc.unfreeze()  # noqa: F821 (gc from _inkernel.py)
+    gc.unfreeze()
     try:
         for thread in threads:
             if _held(thread, modules, skipped):
                 owned.add(id(thread))
     finally:
-        gc.freeze()  # noqa: F821
+        gc.freeze()
     return owned
 
 
-def _held(thread, modules, skipped):
+def _held(thread: Any, modules: Any, skipped: Any) -> Any:
     frontier = [thread]
     seen = {id(thread)}
     for _ in range(_HOLDER_DEPTH):
         found = []
         skipped.add(id(frontier))
-        for holder in gc.get_referrers(*frontier):  # noqa: F821
+        for holder in gc.get_referrers(*frontier):
             key = id(holder)
             if key in seen or key in skipped or isinstance(holder, _FRAME):
                 continue
@@ -141,21 +155,21 @@ def _held(thread, modules, skipped):
     return False
 
 
-_FRAME = type(sys._getframe())  # noqa: F821
+_FRAME = type(sys._getframe())
 
 
-def _library_class(holder):
+def _library_class(holder: Any) -> Any:
     if not isinstance(holder, type):
         return False
-    module = sys.modules.get(getattr(holder, "__module__", None))  # noqa: F821
+    module = sys.modules.get(str(getattr(holder, "__module__", "")))
     return module is not None and holder.__module__ != "__main__"
 
 
-def _shut_down_process_pools(problems):
+def _shut_down_process_pools(problems: list[str]) -> None:
     """Shut the libraries' reusable process pools down, their workers killed: a later call
     starts new ones from the kernel as it is then."""
     for name in _PROCESS_POOL_MODULES:
-        module = sys.modules.get(name)  # noqa: F821
+        module: Any = sys.modules.get(name)
         executor = getattr(module, "_executor", None)
         if executor is None:
             continue
@@ -176,13 +190,13 @@ _HELPER_PROCESSES = (
 )
 
 
-def library_processes():
+def library_processes() -> Any:
     """pids of the helper processes the standard library and loaded libraries keep for the
     life of the interpreter (multiprocessing's and loky's resource trackers, the fork
     server); the pool counts them as part of the baseline."""
     pids = []
     for name, singleton, attribute in _HELPER_PROCESSES:
-        module = sys.modules.get(name)  # noqa: F821
+        module = sys.modules.get(name)
         pid = getattr(getattr(module, singleton, None), attribute, None)
         if isinstance(pid, int) and not isinstance(pid, bool):
             pids.append(pid)

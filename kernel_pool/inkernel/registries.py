@@ -1,25 +1,29 @@
 """Process-wide tables and defaults a cell can add to or replace, which later requests use.
 
-Shipped into every kernel after ``_inkernel_logging.py``, into the same module (stdlib only):
-warning filters (and which warnings were already shown), ``copyreg``'s reducers, sqlite3's
-adapters and converters, multiprocessing's start method and urllib's opener. What a module
-adds to one of them while it is being imported stays: the module stays imported and would
-not add it again.
-"""
+Parts of the settings ``modules`` lists: warning filters (and which warnings were already
+shown), ``copyreg``'s reducers, sqlite3's adapters and converters, multiprocessing's start
+method and urllib's opener. What a module adds to one of them while it is being imported
+stays: the module stays imported and would not add it again."""
+
+from __future__ import annotations
 
 import copyreg
 import functools
 import sys
 import warnings
+from types import FrameType
+from typing import Any
+
+from .records import LIBRARY_STATE, RECORDED
 
 # -- warnings --------------------------------------------------------------------------------
 
 
-def _capture_warnings():
-    _recorded["warnings"] = {  # noqa: F821 (from _inkernel_modules.py)
+def capture_warnings() -> None:
+    RECORDED["warnings"] = {
         "list": warnings.filters,
         "filters": list(warnings.filters),
-        "defaultaction": warnings.defaultaction,
+        "defaultaction": warnings.defaultaction,  # type: ignore[attr-defined]
         "showwarning": warnings.showwarning,
         "formatwarning": warnings.formatwarning,
     }
@@ -29,7 +33,7 @@ def _capture_warnings():
             setattr(warnings, name, _keeping_import_time_filters(function, append_at))
 
 
-def _keeping_import_time_filters(add_filter, append_at):
+def _keeping_import_time_filters(add_filter: Any, append_at: Any) -> Any:
     """``warnings.filterwarnings``/``simplefilter`` that remembers filters added by imports.
 
     The reset removes every filter a cell added, except those a module adds while it is being
@@ -37,11 +41,11 @@ def _keeping_import_time_filters(add_filter, append_at):
     of the ``append`` argument.
     """
 
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> None:
         count = len(warnings.filters)
         add_filter(*args, **kwargs)
-        recorded = _recorded.get("warnings")  # noqa: F821
-        if recorded is None or warnings.filters is not recorded["list"] or not _importing():
+        recorded = RECORDED.get("warnings")
+        if recorded is None or warnings.filters is not recorded["list"] or not importing():
             return
         append = kwargs.get("append", args[append_at] if len(args) > append_at else False)
         kept = recorded["filters"]
@@ -57,14 +61,14 @@ def _keeping_import_time_filters(add_filter, append_at):
     wrapper.__name__ = add_filter.__name__
     wrapper.__qualname__ = add_filter.__qualname__
     wrapper.__doc__ = add_filter.__doc__
-    wrapper.__wrapped__ = add_filter
-    wrapper._kernel_pool_kept_at_import = True
+    vars(wrapper)["__wrapped__"] = add_filter
+    vars(wrapper)["_kernel_pool_kept_at_import"] = True
     return wrapper
 
 
-def _importing():
+def importing() -> Any:
     """Whether an import is running below the caller (importlib's frames are on the stack)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         if frame.f_code.co_filename.startswith("<frozen importlib"):
             return True
@@ -72,8 +76,8 @@ def _importing():
     return False
 
 
-def _restore_warnings(problems):
-    recorded = _recorded["warnings"]  # noqa: F821
+def restore_warnings(problems: list[str]) -> None:
+    recorded = RECORDED["warnings"]
     filters = recorded["list"]
     if warnings.filters is not filters:
         warnings.filters = filters
@@ -82,7 +86,7 @@ def _restore_warnings(problems):
     for name in ("defaultaction", "showwarning", "formatwarning"):
         if getattr(warnings, name) is not recorded[name]:
             setattr(warnings, name, recorded[name])
-    warnings.onceregistry.clear()
+    warnings.onceregistry.clear()  # type: ignore[attr-defined]
     # forget which warnings were already shown: the next request sees its own, as in a fresh
     # interpreter (every module's registry is invalidated by this version bump)
     mutated = getattr(warnings, "_filters_mutated", None)
@@ -93,7 +97,7 @@ def _restore_warnings(problems):
 # -- registries of other modules -------------------------------------------------------------
 
 
-def _restore_reducers(baseline):
+def restore_reducers(baseline: Any) -> None:
     """Pickling of builtin types, and of the classes cells define, as at baseline.
 
     A reducer a cell registered (``copyreg.pickle(complex, ...)``) would rewrite every later
@@ -111,7 +115,7 @@ def _restore_reducers(baseline):
             del table[kind]
 
 
-def _capture_sqlite3(module):
+def capture_sqlite3(module: Any) -> Any:
     """The adapters and converters sqlite3 applies to every later connection's values."""
     if not isinstance(getattr(module, "adapters", None), dict):
         return None
@@ -120,28 +124,28 @@ def _capture_sqlite3(module):
     return {"adapters": dict(module.adapters), "converters": dict(module.converters)}
 
 
-def _keep_registrations_made_on_import(module, name, table):
+def _keep_registrations_made_on_import(module: Any, name: str, table: Any) -> None:
     """What a library registers as it is imported stays with it, as its warning filters do."""
     register = getattr(module, name, None)
     if register is None or getattr(register, "_kernel_pool_kept_at_import", False):
         return
 
     @functools.wraps(register)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         registry = getattr(module, table)
         before = dict(registry)
         result = register(*args, **kwargs)
-        recorded = _library_state.get("sqlite3")  # noqa: F821 (from _inkernel_modules.py)
-        if recorded is not None and _importing():
+        recorded = LIBRARY_STATE.get("sqlite3")
+        if recorded is not None and importing():
             entries = list(registry.items())
             recorded[table].update((k, v) for k, v in entries if before.get(k) is not v)
         return result
 
-    wrapper._kernel_pool_kept_at_import = True
+    vars(wrapper)["_kernel_pool_kept_at_import"] = True
     setattr(module, name, wrapper)
 
 
-def _restore_sqlite3(module, recorded):
+def restore_sqlite3(module: Any, recorded: Any) -> None:
     for table in ("adapters", "converters"):
         current = getattr(module, table)
         if current != recorded[table]:
@@ -149,24 +153,24 @@ def _restore_sqlite3(module, recorded):
             current.update(recorded[table])
 
 
-def _capture_start_method(module):
+def capture_start_method(module: Any) -> Any:
     """multiprocessing's start method, which ``set_start_method`` sets once per process."""
     default = getattr(module, "_default_context", None)
     return None if default is None else (default, getattr(default, "_actual_context", None))
 
 
-def _restore_start_method(module, recorded):
+def restore_start_method(module: Any, recorded: Any) -> None:
     default, actual = recorded
     if default._actual_context is not actual:
         default._actual_context = actual
 
 
-def _capture_opener(module):
+def capture_opener(module: Any) -> Any:
     """The opener ``urlopen`` uses: one a cell installed (credentials in its headers, a
     proxy) would serve every later request's ``urlopen``."""
     return {"opener": getattr(module, "_opener", None)}
 
 
-def _restore_opener(module, recorded):
+def restore_opener(module: Any, recorded: Any) -> None:
     if getattr(module, "_opener", None) is not recorded["opener"]:
         module._opener = recorded["opener"]

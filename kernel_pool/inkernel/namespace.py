@@ -1,40 +1,44 @@
 """The user namespace and what IPython keeps of the cells run in it.
 
-Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only). The
-reset drops the names cells bound and puts back the baseline's (a preloaded name a cell
+The reset drops the names cells bound and puts back the baseline's (a preloaded name a cell
 deleted or replaced is reported), and empties the output cache, the input history, the
 last error and its traceback, and the source lines kept for each cell.
 """
+
+from __future__ import annotations
 
 import builtins
 import contextlib
 import linecache
 import sys
+from typing import Any
+
+from .baseline import BASELINE, MISSING, PRELOADED
 
 _LAST_ERROR_ATTRS = ("last_type", "last_value", "last_traceback", "last_exc")
 
 
-def _restore_names(ns, problems):
-    names = _baseline["names"]  # noqa: F821 (from _inkernel.py)
+def restore_names(ns: dict[str, Any], problems: list[str]) -> None:
+    names = BASELINE["names"]
     for name in [n for n in list(ns) if n not in names]:
         del ns[name]
     for name, obj in names.items():
-        current = ns.get(name, _MISSING)  # noqa: F821 (from _inkernel.py)
+        current = ns.get(name, MISSING)
         if current is obj:
             continue
-        if name in _preloaded:  # noqa: F821 (from _inkernel.py)
-            what = "deleted" if current is _MISSING else "replaced"  # noqa: F821
+        if name in PRELOADED:
+            what = "deleted" if current is MISSING else "replaced"
             problems.append(f"preloaded name {name!r} was {what}")
         ns[name] = obj
 
 
-def _clear_caches(shell):
+def clear_caches(shell: Any) -> Any:
     try:
         _flush_output_cache(shell)
     except Exception as exc:  # a cell may have broken the display hook
         return [f"output cache flush failed: {type(exc).__name__}"]
     hm = shell.history_manager
-    parsed, raw = _baseline["history"]  # noqa: F821
+    parsed, raw = BASELINE["history"]
     del hm.input_hist_parsed[parsed:]
     del hm.input_hist_raw[raw:]
     for attr in _LAST_ERROR_ATTRS:
@@ -47,7 +51,7 @@ def _clear_caches(shell):
     return []
 
 
-def _drop_tracebacks(shell):
+def _drop_tracebacks(shell: Any) -> None:
     """Let go of the last failed cell's traceback, and of everything its frames hold.
 
     The reset runs while the request's handler is still finishing: the failed cell's
@@ -57,7 +61,11 @@ def _drop_tracebacks(shell):
     a cycle through the result): about 12 objects, 3.8 KB, plus whatever the cell's frames
     hold, lost for good with every failed cell.
     """
-    for formatter in (getattr(shell, "InteractiveTB", None), getattr(shell, "SyntaxTB", None)):
+    formatters: tuple[Any, ...] = (
+        getattr(shell, "InteractiveTB", None),
+        getattr(shell, "SyntaxTB", None),
+    )
+    for formatter in formatters:
         if getattr(formatter, "tb", None) is not None:
             formatter.tb = None
     result = shell.last_execution_result
@@ -77,7 +85,7 @@ def _drop_tracebacks(shell):
         pending += [exc.__cause__, exc.__context__, *getattr(exc, "exceptions", ())]
 
 
-def _forget_cell_sources(shell):
+def _forget_cell_sources(shell: Any) -> None:
     """Drop the source lines IPython keeps of each cell run since the baseline.
 
     Every cell's text stays in ``linecache`` (for tracebacks) under a name of its own, one
@@ -85,7 +93,7 @@ def _forget_cell_sources(shell):
     change would grow by about 3 KB per 1 KB cell run, and never give it back.
     """
     names = getattr(getattr(shell, "compile", None), "_filename_map", None)
-    kept = _baseline.get("cell_names", ())  # noqa: F821
+    kept = BASELINE.get("cell_names", ())
     if not isinstance(names, dict) or len(names) <= len(kept):
         return
     extra = getattr(linecache, "_ipython_cache", None)
@@ -96,7 +104,7 @@ def _forget_cell_sources(shell):
             extra.pop(name, None)
 
 
-def _flush_output_cache(shell):
+def _flush_output_cache(shell: Any) -> None:
     """What IPython's ``DisplayHook.flush`` does, in time proportional to what is cached.
 
     IPython's walks every execution count so far (``_1`` … ``_<count>``), so with stored
@@ -110,7 +118,7 @@ def _flush_output_cache(shell):
     cache = ns.get("_oh")
     numbered = {f"_{n}" for n in list(cache)} if isinstance(cache, dict) else set()
     numbered.update(k for k in list(hidden) if k[:1] == "_" and k.lstrip("_i").isdigit())
-    numbered.difference_update(_baseline.get("names", ()))  # noqa: F821 (a preload's `_1` stays)
+    numbered.difference_update(BASELINE.get("names", ()))  # a preload's `_1` stays
     for key in numbered:
         ns.pop(key, None)
         hidden.pop(key, None)

@@ -1,22 +1,25 @@
 """The kernel's process: its lifeline to the pool, the processes and environment its cells
 leave behind, and its standard file descriptors.
 
-Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only). The
-lifeline and the subreaper start with the kernel; the reset puts back ``os.environ`` (and
-what ``os.putenv`` changed under it), the working directory, ``sys.path`` and fds 0-2,
-closes the figures left open, and collects children that have exited.
-"""
+The lifeline and the subreaper start with the kernel; the reset puts back ``os.environ``
+(and what ``os.putenv`` changed under it), the working directory, ``sys.path`` and fds 0-2,
+closes the figures left open, and collects children that have exited."""
+
+from __future__ import annotations
 
 import contextlib
 import os
 import stat
 import sys
 import threading
+from typing import Any
+
+from .baseline import BASELINE
 
 _ADOPTION_SECONDS = 2.0
 
 
-def _start_lifeline():
+def start_lifeline() -> None:
     """If the pool's process dies (even by SIGKILL), take this kernel's whole process group
     down with it within about half a second: no orphaned cell processes holding GPUs.
 
@@ -32,7 +35,7 @@ def _start_lifeline():
     except ValueError:
         pool = 0
 
-    def watch():
+    def watch() -> None:
         import signal
         import time
 
@@ -50,7 +53,7 @@ def _start_lifeline():
     threading.Thread(target=watch, name="kernel-pool-lifeline", daemon=True).start()
 
 
-def _adopt_orphans():
+def adopt_orphans() -> None:
     """Make this kernel the reaper of the processes its cells start (PR_SET_CHILD_SUBREAPER).
 
     A process whose parent exits is adopted by the nearest such ancestor instead of init: a
@@ -68,7 +71,7 @@ def _adopt_orphans():
         pass
 
 
-def _forbid_tracing_when_unprivileged():
+def forbid_tracing_when_unprivileged() -> None:
     """Kernels sharing an unprivileged user must not read each other: no ptrace, and
     /proc/<pid>/mem, environ and fd become root's only (PR_SET_DUMPABLE = 0)."""
     if os.getuid() == 0 or not sys.platform.startswith("linux"):
@@ -81,7 +84,7 @@ def _forbid_tracing_when_unprivileged():
         pass
 
 
-def _reap_exited_children():
+def reap_exited_children() -> None:
     """Collect children that have exited and nobody waited for (an adopted orphan, a
     ``Popen`` never waited on): as zombies they would look like processes left running."""
     try:
@@ -101,10 +104,10 @@ def _reap_exited_children():
                 os.waitpid(pid, os.WNOHANG)
 
 
-_put_names = set()  # names passed to os.putenv / os.unsetenv since the last reset
+_put_names: set[Any] = set()  # names passed to os.putenv / os.unsetenv since the last reset
 
 
-def _watch_putenv():
+def watch_putenv() -> None:
     """Note the names ``os.putenv`` and ``os.unsetenv`` set, which ``os.environ`` does not see
     (a cell's ``os.putenv('HTTP_PROXY', ...)`` would reach every later request's processes).
     ``os.environ`` calls them too, so its own changes are noted as well."""
@@ -113,45 +116,45 @@ def _watch_putenv():
         if original is None or getattr(original, "_kernel_pool_noted", False):
             continue
 
-        def noting(key, *args, _original=original):
+        def noting(key: str, *args: Any, _original: Any = original) -> Any:
             _put_names.add(key)
             return _original(key, *args)
 
-        noting._kernel_pool_noted = True
+        vars(noting)["_kernel_pool_noted"] = True
         noting.__name__ = noting.__qualname__ = name
         noting.__doc__ = original.__doc__
         setattr(os, name, noting)
 
 
-def _environ_data():
+def environ_data() -> Any:
     """The environment as the OS sees it (bytes, no decoding), where ``os`` exposes it."""
     data = getattr(os.environ, "_data", None)
     return data if isinstance(data, dict) else {}
 
 
-def _environ_unchanged():
-    data = _environ_data()
+def environ_unchanged() -> Any:
+    data = environ_data()
     if data:
-        return data == _baseline["environ_data"]  # noqa: F821 (bytes: nothing to fake)
-    return dict(os.environ) == _baseline["environ"]  # noqa: F821 (from _inkernel.py)
+        return data == BASELINE["environ_data"]  # bytes: nothing to fake
+    return dict(os.environ) == BASELINE["environ"]
 
 
-def _restore_process_state(problems):
-    if not _environ_unchanged():
+def restore_process_state(problems: list[str]) -> None:
+    if not environ_unchanged():
         os.environ.clear()
-        os.environ.update(_baseline["environ"])  # noqa: F821
+        os.environ.update(BASELINE["environ"])
     if _put_names:  # os.putenv/unsetenv change the environment under os.environ
-        environ = _baseline["environ_data"] or {}  # noqa: F821
+        environ = BASELINE["environ_data"] or {}
         for name in list(_put_names):
             value = environ.get(os.fsencode(name) if isinstance(name, str) else name)
             with contextlib.suppress(OSError, ValueError):
                 os.putenv(name, value) if value is not None else os.unsetenv(name)
         _put_names.clear()
     try:
-        os.chdir(_baseline["cwd"])  # noqa: F821 (getcwd() would fail if a cell's directory is gone)
+        os.chdir(BASELINE["cwd"])  # getcwd() would fail if a cell's directory is gone
     except OSError as exc:
         problems.append(f"cannot restore cwd: {exc.strerror}")
-    sys.path[:] = _baseline["path"]  # noqa: F821
+    sys.path[:] = BASELINE["path"]
     pyplot = sys.modules.get("matplotlib.pyplot")
     if pyplot is not None:
         try:
@@ -160,7 +163,7 @@ def _restore_process_state(problems):
             problems.append(f"closing figures failed: {type(exc).__name__}")
 
 
-def _fd_identity(fd):
+def fd_identity(fd: int) -> Any:
     try:
         info = os.fstat(fd)
     except OSError:
@@ -168,20 +171,20 @@ def _fd_identity(fd):
     return (info.st_dev, info.st_ino)
 
 
-def _save_fds():
+def save_fds() -> Any:
     """Duplicates of fds 0-2, so a cell that closes or redirects them can be undone."""
     saved = {}
     for fd in (0, 1, 2):
-        identity = _fd_identity(fd)
+        identity = fd_identity(fd)
         if identity is not None:
             saved[fd] = (os.dup(fd), identity)
     return saved
 
 
-def _restore_std_fds(problems):
+def restore_std_fds(problems: list[str]) -> None:
     """Put fds 0-2 back; never over a number the kernel's own machinery has taken since."""
-    for fd, (copy, identity) in _baseline["fds"].items():  # noqa: F821
-        current = _fd_identity(fd)
+    for fd, (copy, identity) in BASELINE["fds"].items():
+        current = fd_identity(fd)
         if current == identity:
             continue
         if current is not None and _machinery_fd(fd):
@@ -195,7 +198,7 @@ def _restore_std_fds(problems):
             problems.append(f"cannot restore file descriptor {fd}: {exc.strerror}")
 
 
-def _machinery_fd(fd):
+def _machinery_fd(fd: int) -> Any:
     try:
         if stat.S_ISSOCK(os.fstat(fd).st_mode):
             return True
@@ -204,7 +207,7 @@ def _machinery_fd(fd):
         return False
 
 
-def _open_fd_count():
+def open_fd_count() -> Any:
     try:
         return len(os.listdir("/proc/self/fd"))
     except OSError:

@@ -1,4 +1,4 @@
-"""The pool's side of the fork server (:mod:`kernel_pool._zygote`).
+"""The pool's side of the fork server (``_zygote.py``, beside this module).
 
 One fork server per pool, started on the first kernel start and again after it dies. It
 forks kernels with ipykernel already imported: a kernel start costs a fork and ipykernel's
@@ -25,13 +25,13 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .errors import KernelStartError, PreloadError
-from .processes import signal_group
+from ..errors import KernelStartError, PreloadError
+from ..processes import signal_group
 
 log = logging.getLogger(__name__)
 
 _ZYGOTE = Path(__file__).with_name("_zygote.py")
-FORK_SERVER_SCRIPT = "kernel_pool/_zygote.py"
+FORK_SERVER_SCRIPT = "kernel_pool/forkserver/_zygote.py"
 """In the command line of a fork server (its kernels show ``python -m ipykernel_launcher …``)."""
 _TITLE_ROOM = 2048  # bytes of command line a forked kernel may show
 
@@ -308,6 +308,7 @@ class ForkServer:
         # a preload run here that imports pyplot picks the backend the kernels would
         self._env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         self._templates: set[str] = set()  # preloads that made a template here
+        self._prepared: set[str] = set()  # load code the fork server has run
         self._exit_code: int | None = None
         self._lock = asyncio.Lock()
         self._process: subprocess.Popen[bytes] | None = None
@@ -344,8 +345,8 @@ class ForkServer:
         env: Mapping[str, str],
         cwd: str,
         identity: tuple[int, int] | None,
-        agent: str,
-        prepare: str | None,
+        helper: str,
+        prepare: str,
         deadline: float,
         template: str | None = None,
         template_timeout: float | None = None,
@@ -354,8 +355,11 @@ class ForkServer:
     ) -> ForkedKernelProcess:
         """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
 
-        ``agent``: source of the module ``_kernel_pool_agent``, loaded in the kernel.
-        ``prepare``: code the fork server runs once before forking (``fork_setup_code``).
+        ``prepare``: code the fork server runs once before forking: it loads the shipped
+        packages (:func:`kernel_pool.shipping.load_code`), ``helper`` (the pool's in-kernel
+        package) among them. Sent on its own the first time (a fork server that has run it
+        is not sent it again), so that with the kernel's environment it never makes one
+        datagram too large for the socket.
         ``template``: the preload, run once in the fork server; its namespace is every
         kernel's user namespace. :class:`PreloadError` if it fails, cannot be forked, or
         runs past ``template_timeout`` (the fork server is then stopped).
@@ -363,7 +367,7 @@ class ForkServer:
         key it makes into ``key_fd`` (a pipe's write end, passed on to it).
         """
         request = {
-            "argv": argv, "env": dict(env), "cwd": cwd, "agent": agent, "prepare": prepare or "",
+            "argv": argv, "env": dict(env), "cwd": cwd, "helper": helper,
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
             "template": template or "", "connection": dict(connection or {}),
         }  # fmt: skip
@@ -371,7 +375,7 @@ class ForkServer:
         async with self._lock:
             with _adopting_orphans():
                 asking = asyncio.ensure_future(
-                    self._ask(request, deadline, new_template, key_fd)
+                    self._ask(request, prepare, deadline, new_template, key_fd)
                 )
                 try:
                     reply = await asyncio.shield(asking)
@@ -403,9 +407,15 @@ class ForkServer:
         return f"the template died running it (exit status {self._exit_code})"
 
     async def _ask(
-        self, request: dict[str, Any], deadline: float, new_template: bool, key_fd: int
+        self,
+        request: dict[str, Any],
+        prepare: str,
+        deadline: float,
+        new_template: bool,
+        key_fd: int,
     ) -> dict[str, Any]:
-        """Send one request, wait for its reply (by id).
+        """Send one request (after ``prepare``, if this fork server has not run it), wait
+        for its reply (by id).
 
         A request abandoned while waiting (timed out, cancelled) leaves its reply behind: it
         is read by a later request, and the kernel it names, which nobody owns, is killed.
@@ -414,25 +424,15 @@ class ForkServer:
         if sock is None:
             await self._stop()
             sock = self._start()
-        request_id = request["id"] = next(self._requests)
         # this process adopts it: it watches this process, as a spawned kernel does
         request["env"]["JPY_PARENT_PID"] = str(os.getpid())
-        loop = asyncio.get_running_loop()
         try:
-            # one datagram: compressed, as the sources it carries (the agent, the setup code)
-            # outgrew what a socket buffer takes at its default size (212992 bytes)
-            data = zlib.compress(json.dumps(request).encode(), 1)
-            await _send_with_fd(loop, sock, data, key_fd)
-            while True:
-                remaining = max(0.0, deadline - time.monotonic())
-                data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
-                if not data:
-                    await self._stop()
-                    raise _ForkServerLost("fork server exited")
-                reply: dict[str, Any] = json.loads(data)
-                if reply.get("id") == request_id:
+            if prepare not in self._prepared:
+                reply = await self._exchange(sock, {"prepare": prepare}, deadline, -1)
+                if "error" in reply:
                     return reply
-                _kill_orphan(reply)
+                self._prepared.add(prepare)
+            return await self._exchange(sock, request, deadline, key_fd)
         except TimeoutError:
             if new_template:  # still running the preload: it would answer nobody
                 await self._stop(now=True)
@@ -440,6 +440,27 @@ class ForkServer:
         except OSError as exc:  # the socket broke: start afresh next time
             await self._stop()
             raise KernelStartError(f"fork server could not be reached: {exc}") from exc
+
+    async def _exchange(
+        self, sock: socket.socket, request: dict[str, Any], deadline: float, fd: int
+    ) -> dict[str, Any]:
+        """Send ``request`` (with ``fd`` attached) and wait for the reply to it."""
+        request_id = request["id"] = next(self._requests)
+        loop = asyncio.get_running_loop()
+        # one datagram, compressed: the environment and the sources it may carry outgrew
+        # what a socket buffer takes at its default size (212992 bytes)
+        data = zlib.compress(json.dumps(request).encode(), 1)
+        await _send_with_fd(loop, sock, data, fd)
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
+            if not data:
+                await self._stop()
+                raise _ForkServerLost("fork server exited")
+            reply: dict[str, Any] = json.loads(data)
+            if reply.get("id") == request_id:
+                return reply
+            _kill_orphan(reply)
 
     def _alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
@@ -452,6 +473,7 @@ class ForkServer:
         if process is None:
             return
         self._templates.clear()  # a new fork server runs the preload again
+        self._prepared.clear()  # and loads the packages again
         if now:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(process.pid, signal.SIGKILL)

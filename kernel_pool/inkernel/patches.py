@@ -1,6 +1,5 @@
 """Monkeypatches of much-patched standard library modules, undone by the reset.
 
-Shipped into every kernel after ``_inkernel_modules.py``, into the same module (stdlib only).
 A cell that replaces or deletes a function or class of one of these modules
 (``time.time = frozen``, ``datetime.datetime = FakeDatetime``, ``warnings.warn = quiet``,
 ``ssl._create_default_https_context = ssl._create_unverified_context``,
@@ -9,7 +8,7 @@ a fresh interpreter, the reference's cell process, starts without it.
 :func:`capture_module_patches` records their callables at the baseline,
 :func:`restore_module_patches` puts back those a cell replaced and any attribute it deleted.
 (``os``, ``io``, ``json``, ``pickle``, ``pathlib`` and ``builtins`` are guarded by
-``_inkernel.py`` itself, even before the kernel replies.)
+``interpreter`` itself, even before the kernel replies.)
 
 Only callables are compared: a module's data (caches, counters, a flag set on first use) is
 its own business, and reading every value would cost a cache miss each (0.6 ms for the
@@ -26,8 +25,17 @@ stays). Code the cell reaches only indirectly (a library that patches another, `
 is not seen.
 """
 
+from __future__ import annotations
+
 import ast
+import builtins
+import contextlib
+import operator
+import sys
 import types
+from typing import Any
+
+from .baseline import MISSING, get_shell
 
 _PATCHED_MODULES = (
     "time",
@@ -41,36 +49,36 @@ _PATCHED_MODULES = (
     "subprocess",
 )
 # (module __dict__, a copy of it, a getter of its callables, their values) at the baseline
-_patchable = []
+_patchable: list[tuple[Any, ...]] = []
 
 
-def capture_module_patches():
+def capture_module_patches() -> None:
     """Record the callables of the modules above that are loaded now (the baseline)."""
     _patchable.clear()
     for name in _PATCHED_MODULES:
-        module = sys.modules.get(name)  # noqa: F821 (sys from _inkernel.py)
+        module = sys.modules.get(name)
         attributes = getattr(module, "__dict__", None)
         if not isinstance(attributes, dict):
             continue
         names = [key for key, value in list(attributes.items()) if callable(value)]
         if len(names) < 2:  # itemgetter of one name gives the value, not a tuple
             names += ["__name__", "__name__"]
-        get = operator.itemgetter(*names)  # noqa: F821 (operator from _inkernel_state.py)
+        get = operator.itemgetter(*names)
         _patchable.append((attributes, dict(attributes), get, get(attributes)))
 
 
-def restore_module_patches():
+def restore_module_patches() -> None:
     """Put back each recorded callable a cell replaced, and each attribute it deleted."""
     for attributes, baseline, get, values in _patchable:
         if len(attributes) >= len(baseline) and _same(get, attributes, values):
             continue
         for key, value in baseline.items():
-            current = attributes.get(key, _MISSING)  # noqa: F821 (from _inkernel.py)
-            if current is not value and (current is _MISSING or callable(value)):  # noqa: F821
+            current = attributes.get(key, MISSING)
+            if current is not value and (current is MISSING or callable(value)):
                 attributes[key] = value
 
 
-def _same(get, attributes, values):
+def _same(get: Any, attributes: Any, values: Any) -> Any:
     try:
         return get(attributes) == values  # identity first: an unchanged value's __eq__ is unused
     except Exception:  # a callable deleted, or a replacement whose __eq__ raises
@@ -78,40 +86,41 @@ def _same(get, attributes, values):
 
 
 # id(owner) -> (owner, its namespace before the cell that sets its attributes ran)
-_touched = {}
+_touched: dict[int, tuple[Any, dict[str, Any]]] = {}
 
 
 class _WatchAttributeStores(ast.NodeTransformer):
     """An AST "transformer" that changes nothing: it records, before the cell runs, the
     namespaces of the loaded modules and classes whose attributes the cell's code sets."""
 
-    def visit_Module(self, node):
-        with contextlib.suppress(Exception):  # noqa: F821 (never in the way of the cell)
-            _record_owners(node, _shell().user_ns)  # noqa: F821 (from _inkernel.py)
+    def visit_Module(self, node: Any) -> Any:
+        with contextlib.suppress(Exception):  # never in the way of the cell
+            _record_owners(node, get_shell().user_ns)
         return node
 
 
-def watch_attribute_stores(shell):
+def watch_attribute_stores(shell: Any) -> None:
     """Have every cell's code read for attribute stores before it runs (idempotent)."""
     if not any(isinstance(t, _WatchAttributeStores) for t in shell.ast_transformers):
         shell.ast_transformers.append(_WatchAttributeStores())
 
 
-def _record_owners(tree, ns):
-    aliases = {}
-    imported = {}  # name -> the module it names, for the cell's imports of unloaded modules
-    owners = []
-    assigned = []
+def _record_owners(tree: Any, ns: dict[str, Any]) -> None:
+    aliases: dict[str, Any] = {}
+    # name -> the module it names, for the cell's imports of unloaded modules
+    imported: dict[str, tuple[str, ...]] = {}
+    owners: list[Any] = []
+    assigned: list[tuple[str, ast.expr]] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             for alias in node.names:
                 name = alias.name if alias.asname else alias.name.partition(".")[0]
-                aliases[alias.asname or name] = sys.modules.get(name)  # noqa: F821
+                aliases[alias.asname or name] = sys.modules.get(name)
                 imported[alias.asname or name] = (name,)
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            module = sys.modules.get(node.module)  # noqa: F821
+            module = sys.modules.get(node.module)
             for alias in node.names:
-                found = sys.modules.get(f"{node.module}.{alias.name}")  # noqa: F821
+                found = sys.modules.get(f"{node.module}.{alias.name}")
                 if found is None and module is not None:
                     found = vars(module).get(alias.name)
                 aliases[alias.asname or alias.name] = found
@@ -148,15 +157,15 @@ def _record_owners(tree, ns):
         elif owner is None:
             chain = _dotted(expression)
             if chain and chain[0] in imported:  # not loaded yet: the cell imports it
-                module, *path = imported[chain[0]]
-                _first_imported.add((module, (*path, *chain[1:])))
+                first, *path = imported[chain[0]]
+                _first_imported.add((first, (*path, *chain[1:])))
 
 
 _SETTERS = frozenset(("setattr", "delattr"))
 _DICT_CHANGES = frozenset(("update", "pop", "popitem", "setdefault", "clear", "__setitem__"))
 
 
-def _namespace_of(expression):
+def _namespace_of(expression: Any) -> Any:
     """``X`` for ``vars(X)`` or ``X.__dict__``; None for anything else."""
     if (
         isinstance(expression, ast.Call)
@@ -170,7 +179,7 @@ def _namespace_of(expression):
     return None
 
 
-def _dotted(expression):
+def _dotted(expression: Any) -> Any:
     """``a.b.c`` as ["a", "b", "c"]; None for anything else."""
     names = []
     while isinstance(expression, ast.Attribute):
@@ -182,16 +191,17 @@ def _dotted(expression):
 
 
 # (module name, attribute path) of owners in modules the cell itself imported first
-_first_imported = set()
+_first_imported: set[tuple[str, tuple[str, ...]]] = set()
 
-def _resolve(expression, aliases, ns):
+
+def _resolve(expression: Any, aliases: Any, ns: dict[str, Any]) -> Any:
     """The module or class a dotted name stands for before the cell runs (None if unknown);
     read from namespaces only, so no module ``__getattr__`` or descriptor runs."""
     if isinstance(expression, ast.Name):
         name = expression.id
         if name in aliases:
             return aliases[name]
-        return ns.get(name, vars(builtins).get(name))  # noqa: F821 (builtins from _inkernel_namespace.py)
+        return ns.get(name, vars(builtins).get(name))
     if isinstance(expression, ast.Attribute):
         base = _resolve(expression.value, aliases, ns)
         if isinstance(base, (types.ModuleType, type)):
@@ -199,14 +209,14 @@ def _resolve(expression, aliases, ns):
     return None
 
 
-def _watched(owner, ns):
+def _watched(owner: Any, ns: dict[str, Any]) -> Any:
     if isinstance(owner, types.ModuleType):
         # sys's hooks and the user's own namespace have resets of their own
-        return owner is not sys and vars(owner) is not ns  # noqa: F821
+        return owner is not sys and vars(owner) is not ns
     return isinstance(owner, type) and owner.__module__ != "builtins"
 
 
-def restore_touched(problems):
+def restore_touched(problems: list[str]) -> None:
     """Put back the namespace of each module and class a cell set attributes of.
 
     A module the cell imported itself had no namespace to record before it ran: when the
@@ -215,7 +225,7 @@ def restore_touched(problems):
     _first_imported.clear()
     _touched.clear()
     for name, path in first:
-        owner = sys.modules.get(name)  # noqa: F821
+        owner = sys.modules.get(name)
         for attribute in path:
             if not isinstance(owner, (types.ModuleType, type)):
                 break
@@ -227,16 +237,16 @@ def restore_touched(problems):
         current = vars(owner)
         if isinstance(owner, types.ModuleType):
             for key, value in saved.items():
-                if current.get(key, _MISSING) is not value:  # noqa: F821
+                if current.get(key, MISSING) is not value:
                     current[key] = value
             for key in [k for k in list(current) if k not in saved]:
                 if not isinstance(current[key], types.ModuleType):  # a submodule stays
                     del current[key]
             continue
         for key, value in saved.items():
-            if current.get(key, _MISSING) is not value:  # noqa: F821
-                with contextlib.suppress(Exception):  # noqa: F821
+            if current.get(key, MISSING) is not value:
+                with contextlib.suppress(Exception):
                     setattr(owner, key, value)
         for key in [k for k in list(current) if k not in saved]:
-            with contextlib.suppress(Exception):  # noqa: F821
+            with contextlib.suppress(Exception):
                 delattr(owner, key)

@@ -1,8 +1,7 @@
 """How large one message a kernel sends may be: a cell's oversized output is made smaller in
 the kernel, before the pool's limit would drop it.
 
-Shipped into every kernel with ``_inkernel_messaging.py``, into the same module (stdlib
-only); :func:`cap_messages` is run once, with the baseline.
+Set up by ``messaging``: :func:`cap_messages` is run once, with the baseline.
 
 An ``execute_request`` whose metadata carries ``{"kernel_pool": {"message_cap": N}}`` (the
 pool's ``max_iopub_message``) sends no message whose content packs to more than about N
@@ -14,21 +13,24 @@ data (nothing reads comms behind the pool). Anything else is sent as it is, and 
 limit applies. A request without a cap sends everything, as a stock kernel does.
 """
 
-import json
+from __future__ import annotations
 
-_message_cap = [None]  # the running request's cap, in bytes of packed content
+import json
+from typing import Any
+
+_message_cap: list[int | None] = [None]  # the running request's cap, in bytes of packed content
 _HEADROOM = 8 << 10  # the header, parent header, metadata and signature sent beside it
 _NOTE = "[{dropped} characters not kept: one message may hold at most {cap} bytes]"
 
 
-def cap_messages(kernel):
+def cap_messages(kernel: Any) -> None:
     """Wrap the kernel session's JSON packer (it packs every message the kernel sends)."""
-    session = getattr(kernel, "session", None)
+    session: Any = getattr(kernel, "session", None)
     pack = getattr(session, "pack", None)
     if pack is None or getattr(pack, "kernel_pool_sized", False):
         return
 
-    def sized_pack(obj):
+    def sized_pack(obj: Any) -> Any:
         packed = pack(obj)
         cap = _message_cap[0]
         if cap is None or len(packed) <= cap or not isinstance(obj, dict):
@@ -36,11 +38,11 @@ def cap_messages(kernel):
         smaller = _smaller(obj, max(cap - _HEADROOM, 1024))
         return packed if smaller is None else pack(smaller)
 
-    sized_pack.kernel_pool_sized = True
+    vars(sized_pack)["kernel_pool_sized"] = True
     session.pack = sized_pack
 
 
-def start_message_cap(parent):
+def start_message_cap(parent: Any) -> None:
     """Take the cap of the request about to run (None: no cap)."""
     metadata = parent.get("metadata") if isinstance(parent, dict) else None
     asked = metadata.get("kernel_pool") if isinstance(metadata, dict) else None
@@ -48,7 +50,7 @@ def start_message_cap(parent):
     _message_cap[0] = cap if type(cap) is int and cap > 0 else None
 
 
-def _smaller(content, budget):
+def _smaller(content: Any, budget: int) -> Any:
     """``content`` cut to about ``budget`` bytes of JSON, or None when it is not a kind of
     message this knows how to cut."""
     if "traceback" in content or "evalue" in content:
@@ -68,7 +70,7 @@ def _smaller(content, budget):
     return None
 
 
-def _cut(text, chars):
+def _cut(text: str, chars: int) -> Any:
     """The start and the end of ``text`` around a note, in about ``chars`` characters (JSON
     may escape a character to 6 bytes: the callers divide their byte budgets by 6 or more)."""
     if len(text) <= chars:
@@ -78,7 +80,7 @@ def _cut(text, chars):
     return text[:half] + "\n" + note + "\n" + text[len(text) - half :]
 
 
-def _cut_lines(lines, chars):
+def _cut_lines(lines: Any, chars: int) -> Any:
     if not isinstance(lines, list):
         return lines
     per_line = max(chars // min(len(lines), 101), 200)
@@ -88,7 +90,7 @@ def _cut_lines(lines, chars):
     return cut + [_cut(str(line), per_line) for line in lines[max(50, len(lines) - 50) :]]
 
 
-def _size(value):
+def _size(value: Any) -> Any:
     try:
         return len(json.dumps(value))
     except (TypeError, ValueError):

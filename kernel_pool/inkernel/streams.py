@@ -1,7 +1,6 @@
 """How much of a cell's stdout and stderr a kernel publishes: at most a cap per stream.
 
-Shipped into every kernel with ``_inkernel_messaging.py``, into the same module (stdlib
-only); :func:`cap_streams` is run once, with the baseline.
+Set up by ``messaging``: :func:`cap_streams` is run once, with the baseline.
 
 An ``execute_request`` whose metadata carries ``{"kernel_pool": {"stream_cap": N}}``
 publishes at most N characters of stdout and N of stderr. Past the cap a stream publishes
@@ -28,11 +27,16 @@ kernel or in its reader) holds more than two pieces: under 1 MiB of JSON even wh
 character is escaped (6 bytes), which is what the pool's ``max_iopub_message`` may ask.
 """
 
+from __future__ import annotations
+
 import contextlib
 import inspect
 import os
 import sys
 import threading
+from typing import Any
+
+from .sizes import start_message_cap
 
 STREAM_DROPPED_MSG_TYPE = "kernel_pool_stream_dropped"
 _STREAM_DROPPED_TOPIC = b"kernel_pool.stream_dropped"
@@ -44,17 +48,17 @@ class _Budget:
 
     __slots__ = ("cap", "dropped", "lock", "unsent", "used")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = threading.Lock()
         self.cap = None
         self.used = self.dropped = self.unsent = 0
 
-    def start(self, cap):
+    def start(self, cap: Any) -> None:
         with self.lock:
             self.cap = cap
             self.used = self.dropped = self.unsent = 0
 
-    def take(self, size):
+    def take(self, size: int) -> Any:
         """How many of ``size`` characters may be published (the rest are counted)."""
         with self.lock:
             if self.cap is None:
@@ -64,7 +68,7 @@ class _Budget:
             self.dropped += size - kept
             return kept
 
-    def fills_piece(self, size):
+    def fills_piece(self, size: int) -> Any:
         """Count ``size`` characters handed to the stream; whether a piece is now due."""
         with self.lock:
             if self.cap is None:
@@ -79,7 +83,7 @@ class _Budget:
 _budgets = {"stdout": _Budget(), "stderr": _Budget()}
 
 
-def cap_streams(kernel):
+def cap_streams(kernel: Any) -> None:
     """Cap every ``OutStream``'s writes, and start each request's allowance from its cap."""
     _publish_everything(kernel)
     _no_pipe_port(kernel)
@@ -89,18 +93,18 @@ def cap_streams(kernel):
     except ImportError:
         return
     if not getattr(OutStream.write, "kernel_pool_capped", False):
-        OutStream.write = _capped(OutStream.write)
+        OutStream.write = _capped(OutStream.write)  # type: ignore[method-assign]
     if not getattr(OutStream.flush, "kernel_pool_capped", False):
-        OutStream.flush = _flushing_child_lines(OutStream.flush)
-    handlers = getattr(kernel, "shell_handlers", None)
+        OutStream.flush = _flushing_child_lines(OutStream.flush)  # type: ignore[method-assign]
+    handlers: Any = getattr(kernel, "shell_handlers", None)
     handler = handlers.get("execute_request") if isinstance(handlers, dict) else None
     if handler is None or getattr(handler, "kernel_pool_capped", False):
         return
 
-    async def execute_request(stream, ident, parent):
+    async def execute_request(stream: Any, ident: Any, parent: Any) -> None:
         with contextlib.suppress(Exception):  # whatever it finds, the request is handled
             cap = _asked_cap(parent)
-            start_message_cap(parent)  # noqa: F821 (from _inkernel_sizes.py)
+            start_message_cap(parent)
             for budget in _budgets.values():
                 budget.start(cap)
             _class_write_applies(sys.stdout)
@@ -112,11 +116,11 @@ def cap_streams(kernel):
         finally:
             _report_dropped(kernel, parent)
 
-    execute_request.kernel_pool_capped = True
+    vars(execute_request)["kernel_pool_capped"] = True
     handlers["execute_request"] = execute_request
 
 
-def _class_write_applies(stream):
+def _class_write_applies(stream: Any) -> None:
     """Remove the uncapped ``write`` that IPython left on the instance itself.
 
     IPython's ``run_cell`` wraps each stream's ``write`` while a cell runs (see
@@ -124,16 +128,16 @@ def _class_write_applies(stream):
     instance: after the cell that capped the class (the one capturing the baseline), that
     was the bound, uncapped ``write``, which hid the class's from then on.
     """
-    own = getattr(stream, "__dict__", {}).get("write")
+    attributes = getattr(stream, "__dict__", {})
+    own = attributes.get("write")
     original = getattr(getattr(type(stream), "write", None), "kernel_pool_original", None)
     if original is None or own is None:
         return
     if getattr(own, "__func__", None) is original and getattr(own, "__self__", None) is stream:
-        with contextlib.suppress(AttributeError):
-            del stream.write
+        attributes.pop("write", None)
 
 
-def _no_output_history(shell):
+def _no_output_history(shell: Any) -> None:
     """Keep IPython from keeping a copy of everything a cell prints.
 
     IPython 9 wraps the streams' ``write`` while a cell runs and appends every piece
@@ -148,11 +152,11 @@ def _no_output_history(shell):
     shell._tee = _not_kept
 
 
-def _not_kept(channel):
+def _not_kept(channel: Any) -> Any:
     return contextlib.nullcontext()
 
 
-def _publish_everything(kernel):
+def _publish_everything(kernel: Any) -> None:
     """Lift the IOPub socket's limit on messages queued for a subscriber (ZMQ's default is
     1,000; a publisher drops what does not fit, an idle status too).
 
@@ -170,14 +174,14 @@ def _publish_everything(kernel):
     except ImportError:
         return
 
-    def unlimited():
+    def unlimited() -> None:
         with contextlib.suppress(Exception):
             sock.setsockopt(zmq.SNDHWM, 0)
 
     schedule(unlimited)
 
 
-def _no_pipe_port(kernel):
+def _no_pipe_port(kernel: Any) -> None:
     """Close ipykernel's port for forked children's output.
 
     A stock kernel listens on a loopback TCP port for what its forked children (a
@@ -192,7 +196,7 @@ def _no_pipe_port(kernel):
     if stream is None or schedule is None:
         return
 
-    def close():
+    def close() -> None:
         with contextlib.suppress(Exception):
             stream.close()
 
@@ -200,40 +204,40 @@ def _no_pipe_port(kernel):
 
 
 _STD_FDS = {"stdout": 1, "stderr": 2}
-_child_lines = {}  # fd -> a forked child's text after its last newline
+_child_lines: dict[Any, Any] = {}  # fd -> a forked child's text after its last newline
 
 
-def _write_fd(fd, text):
+def _write_fd(fd: int, text: str) -> None:
     with contextlib.suppress(OSError):
         if text:
             os.write(fd, text.encode("utf-8", "replace"))
 
 
-def _flushing_child_lines(flush):
-    def flush_lines(self):
-        fd = _STD_FDS.get(getattr(self, "name", None))
+def _flushing_child_lines(flush: Any) -> Any:
+    def flush_lines(self: Any) -> Any:
+        fd = _STD_FDS.get(getattr(self, "name", ""))
         master = getattr(self, "_master_pid", None)
         if fd is not None and master is not None and master != os.getpid():
             _write_fd(fd, _child_lines.pop(fd, ""))
             return None
         return flush(self)
 
-    flush_lines.kernel_pool_capped = True
+    vars(flush_lines)["kernel_pool_capped"] = True
     flush_lines.__doc__ = flush.__doc__
     return flush_lines
 
 
-def _asked_cap(parent):
+def _asked_cap(parent: Any) -> Any:
     metadata = parent.get("metadata") if isinstance(parent, dict) else None
     asked = metadata.get("kernel_pool") if isinstance(metadata, dict) else None
     cap = asked.get("stream_cap") if isinstance(asked, dict) else None
     return cap if type(cap) is int and cap >= 0 else None
 
 
-def _capped(write):
-    def capped_write(self, string):
+def _capped(write: Any) -> Any:
+    def capped_write(self: Any, string: Any) -> Any:
         master = getattr(self, "_master_pid", None)
-        fd = _STD_FDS.get(getattr(self, "name", None))
+        fd = _STD_FDS.get(getattr(self, "name", ""))
         child = master is not None and master != os.getpid()
         if child and fd is not None and isinstance(string, str):
             # a forked child: whole lines go to the kernel's captured descriptor
@@ -242,7 +246,7 @@ def _capped(write):
             _child_lines[fd] = pending[end:]
             _write_fd(fd, pending[:end])
             return len(string)
-        budget = _budgets.get(getattr(self, "name", None))
+        budget = _budgets.get(getattr(self, "name", ""))
         if budget is None or not isinstance(string, str):
             return write(self, string)  # (a non-str raises as it did)
         size = len(string)
@@ -256,13 +260,13 @@ def _capped(write):
                 self.flush()  # waits until the IO thread has sent it
         return size
 
-    capped_write.kernel_pool_capped = True
-    capped_write.kernel_pool_original = write
+    vars(capped_write)["kernel_pool_capped"] = True
+    vars(capped_write)["kernel_pool_original"] = write
     capped_write.__doc__ = write.__doc__
     return capped_write
 
 
-def _report_dropped(kernel, parent):
+def _report_dropped(kernel: Any, parent: Any) -> None:
     dropped = {name: budget.dropped for name, budget in _budgets.items() if budget.dropped}
     if not dropped:
         return

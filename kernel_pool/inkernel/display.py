@@ -1,14 +1,18 @@
 """How outputs are shown: IPython's shell switches and display formatters, and matplotlib.
 
-Shipped into every kernel ahead of ``_inkernel_modules.py`` (which adds these parts to
-``_PARTS`` and ``_LIBRARIES``), into the same module (stdlib only): the shell's switches a
-magic flips (``%xmode``, ``%precision``, ``%autoawait``...), the printers of the display
-formatters, and matplotlib's settings, backend, interactive mode and the inline backend's
-figure formats and printers.
-"""
+Parts of the settings ``modules`` lists (in ``PARTS`` and ``_LIBRARIES``): the shell's
+switches a magic flips (``%xmode``, ``%precision``, ``%autoawait``...), the printers of the
+display formatters, and matplotlib's settings, backend, interactive mode and the inline
+backend's figure formats and printers."""
+
+from __future__ import annotations
 
 import os
 import sys
+from types import FrameType
+from typing import Any
+
+from .records import LIBRARY_STATE, RECORDED, quietly
 
 _RC_NOT_RESTORED = ("backend_fallback", "interactive")  # the kernel's own choice
 
@@ -16,15 +20,15 @@ _RC_NOT_RESTORED = ("backend_fallback", "interactive")  # the kernel's own choic
 # -- IPython's shell and display formatters --------------------------------------------------
 
 
-def _capture_shell():
+def capture_shell() -> None:
     """The shell's switches a magic flips: ``%xmode``, ``%precision``, ``%pprint``,
     ``%autocall``, and the names it hides."""
     shell = _ipython_shell()
     if shell is None:
-        _recorded["shell"] = None  # noqa: F821 (from _inkernel_modules.py)
+        RECORDED["shell"] = None
         return
     plain = shell.display_formatter.formatters.get("text/plain")
-    _recorded["shell"] = {  # noqa: F821
+    RECORDED["shell"] = {
         "xmode": shell.InteractiveTB.mode,
         "precision": getattr(plain, "float_precision", None),
         "pprint": getattr(plain, "pprint", None),
@@ -34,23 +38,19 @@ def _capture_shell():
         "formatters": _formatter_settings(shell),
     }
     backend = _inline_backend()
-    _recorded["inline backend"] = (  # noqa: F821
-        _inline_backend_settings(backend) if backend else None
-    )
+    RECORDED["inline backend"] = _inline_backend_settings(backend) if backend else None
     figure = getattr(sys.modules.get("matplotlib.figure"), "Figure", None)
     configured = figure is not None and "matplotlib_inline.backend_inline" in sys.modules
-    _recorded["figure printers"] = (  # noqa: F821
-        _figure_printers(shell, figure) if configured else None
-    )
+    RECORDED["figure printers"] = _figure_printers(shell, figure) if configured else None
 
 
-def _ipython_shell():
+def _ipython_shell() -> Any:
     ipython = sys.modules.get("IPython")
     return ipython.get_ipython() if ipython is not None else None
 
 
-def _restore_shell(problems):
-    recorded = _recorded["shell"]  # noqa: F821
+def restore_shell(problems: list[str]) -> None:
+    recorded = RECORDED["shell"]
     shell = _ipython_shell() if recorded is not None else None
     if shell is None:
         return
@@ -67,7 +67,7 @@ def _restore_shell(problems):
     for name, value in recorded["switches"].items():
         if getattr(shell, name, None) is not value:
             setattr(shell, name, value)
-    logger = getattr(shell, "logger", None)
+    logger: Any = getattr(shell, "logger", None)
     if getattr(logger, "log_active", False):  # %logstart wrote every later request's code
         logger.logstop()
     _restore_inline_backend()
@@ -82,7 +82,7 @@ def _restore_shell(problems):
 _SHELL_SWITCHES = ("autoawait", "loop_runner", "call_pdb", "automagic", "ast_node_interactivity")
 
 
-def _formatter_settings(shell):
+def _formatter_settings(shell: Any) -> Any:
     """Each display formatter (the object, whether enabled) and its printers for builtin
     types. Printers a library registers for its own types as it is imported stay with it;
     ``for_type(float, ...)`` or ``pretty.install()`` (which replaces the plain-text
@@ -93,18 +93,18 @@ def _formatter_settings(shell):
     }
 
 
-def _builtin_printers(formatter):
+def _builtin_printers(formatter: Any) -> Any:
     printers = getattr(formatter, "type_printers", None)
     if not isinstance(printers, dict):
         return None
     return {kind: p for kind, p in list(printers.items()) if _builtin(kind)}
 
 
-def _builtin(kind):
+def _builtin(kind: Any) -> Any:
     return getattr(kind, "__module__", "") == "builtins"
 
 
-def _restore_formatters(shell, recorded):
+def _restore_formatters(shell: Any, recorded: Any) -> None:
     formatters = shell.display_formatter.formatters
     if formatters.keys() != recorded.keys():
         for mime in [mime for mime in list(formatters) if mime not in recorded]:
@@ -124,26 +124,26 @@ def _restore_formatters(shell, recorded):
 # -- matplotlib: its settings, its backend, inline figures -----------------------------------
 
 
-def _inline_backend():
+def _inline_backend() -> Any:
     """matplotlib's inline backend configuration (``%config InlineBackend...``), once made."""
     config = sys.modules.get("matplotlib_inline.config")
     backend = getattr(config, "InlineBackend", None)
     return backend.instance() if backend is not None and backend.initialized() else None
 
 
-def _inline_backend_settings(backend):
+def _inline_backend_settings(backend: Any) -> Any:
     return {name: getattr(backend, name) for name in backend.trait_names(config=True)}
 
 
-def _restore_inline_backend():
+def _restore_inline_backend() -> None:
     """Figure formats and print options back; setting them makes the backend choose its
     printers again. It is made when a cell first draws: its settings are recorded then."""
     backend = _inline_backend()
     if backend is None:
         return
-    recorded = _recorded.get("inline backend")  # noqa: F821
+    recorded = RECORDED.get("inline backend")
     if recorded is None:
-        _recorded["inline backend"] = _inline_backend_settings(backend)  # noqa: F821
+        RECORDED["inline backend"] = _inline_backend_settings(backend)
     else:
         for name, value in recorded.items():
             if getattr(backend, name) != value:
@@ -151,7 +151,7 @@ def _restore_inline_backend():
     _match_figure_printers(backend)
 
 
-def _match_figure_printers(backend):
+def _match_figure_printers(backend: Any) -> None:
     """How figures are displayed, as at the baseline: ``set_matplotlib_formats`` (retina,
     other formats, print options, or none at all) changes the printers and leaves the
     backend's settings as they were. The printers are recorded once the backend has set them
@@ -161,12 +161,12 @@ def _match_figure_printers(backend):
     shell = _ipython_shell()
     if figure is None or shell is None or "matplotlib_inline.backend_inline" not in sys.modules:
         return
-    recorded = _recorded.get("figure printers")  # noqa: F821
+    recorded = RECORDED.get("figure printers")
     if recorded is None:
         from IPython.core.pylabtools import select_figure_formats
 
-        select_figure_formats(shell, backend.figure_formats, **backend.print_figure_kwargs)
-        _recorded["figure printers"] = _figure_printers(shell, figure)  # noqa: F821
+        select_figure_formats(shell, backend.figure_formats, **backend.print_figure_kwargs)  # type: ignore[no-untyped-call]
+        RECORDED["figure printers"] = _figure_printers(shell, figure)
         return
     formatters = shell.display_formatter.formatters
     for mime, formatter in list(formatters.items()):
@@ -179,16 +179,16 @@ def _match_figure_printers(backend):
             formatter.type_printers[figure] = wanted
 
 
-def _figure_printers(shell, figure):
+def _figure_printers(shell: Any, figure: Any) -> Any:
     formatters = shell.display_formatter.formatters
     return {mime: f.type_printers.get(figure) for mime, f in list(formatters.items())}
 
 
-def _capture_matplotlib(module):
+def capture_matplotlib(module: Any) -> Any:
     return dict(dict.items(module.rcParams))
 
 
-def _restore_matplotlib(module, recorded):
+def restore_matplotlib(module: Any, recorded: Any) -> None:
     params = module.rcParams
     _restore_backend(module, params, recorded.get("backend"))
     for key in _RC_NOT_RESTORED:
@@ -196,13 +196,13 @@ def _restore_matplotlib(module, recorded):
             recorded[key] = dict.__getitem__(params, key)
     if dict.__eq__(params, recorded):
         return
-    with _quietly():  # noqa: F821 (from _inkernel_modules.py)
+    with quietly():
         for key, value in recorded.items():
             if not dict.__contains__(params, key) or dict.__getitem__(params, key) != value:
                 params[key] = value
 
 
-def _restore_backend(module, params, wanted):
+def _restore_backend(module: Any, params: Any, wanted: Any) -> None:
     """Back to the backend the import chose (``MPLBACKEND``: inline in a kernel) after a
     cell's ``matplotlib.use("Agg")`` or ``plt.switch_backend``, which would otherwise keep
     every later request's figures from being shown."""
@@ -217,7 +217,7 @@ def _restore_backend(module, params, wanted):
         dict.__setitem__(params, "backend", wanted)
 
 
-def _capture_inline_backend(module):
+def capture_inline_backend(module: Any) -> Any:
     """Right after the inline backend's import, which activated it (interactive mode on, in
     some versions). matplotlib imports it when the backend is first needed, which may be
     inside a cell's ``plt.ion()`` or ``plt.ioff()``: the mode it had before that call,
@@ -226,14 +226,14 @@ def _capture_inline_backend(module):
     if matplotlib is None:
         return None
     interactive = matplotlib.is_interactive()
-    recorded = _library_state.get("matplotlib")  # noqa: F821 (from _inkernel_modules.py)
+    recorded = LIBRARY_STATE.get("matplotlib")
     if recorded is not None and "interactive" in recorded and _inside_pyplot(("ion", "ioff")):
         interactive = bool(recorded["interactive"])
     return {"interactive": interactive}
 
 
-def _inside_pyplot(functions):
-    frame = sys._getframe(1)
+def _inside_pyplot(functions: Any) -> Any:
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_name in functions and code.co_filename.endswith(f"pyplot{os.extsep}py"):
@@ -242,7 +242,7 @@ def _inside_pyplot(functions):
     return False
 
 
-def _restore_inline_interactive(module, recorded):
+def restore_inline_interactive(module: Any, recorded: Any) -> None:
     matplotlib = sys.modules["matplotlib"]
     if matplotlib.is_interactive() != recorded["interactive"]:  # a cell's plt.ioff()
         matplotlib.interactive(recorded["interactive"])

@@ -1,8 +1,7 @@
 """Interpreter and process settings that a cell can change and that would outlive it.
 
-Shipped into every kernel after ``_inkernel.py``, into the same module (stdlib only), and
-followed by the settings of modules (``_inkernel_logging.py`` to ``_inkernel_modules.py``:
-logging, warnings, IPython, numpy, pandas, matplotlib...), whose parts go in :data:`_PARTS`.
+The settings of modules (logging, warnings, IPython, numpy, pandas, matplotlib...) are
+parts of their own, listed in ``modules.PARTS`` and captured and restored from here.
 :func:`capture_settings` records everything with the warm baseline, :func:`restore_settings`
 puts back whatever a cell changed, so that the next request starts as it would in a fresh
 interpreter: recursion limit, trace and profile functions, the garbage collector, switch
@@ -11,7 +10,9 @@ priority, CPU affinity, locale, time zone, the default socket timeout, and what 
 in the kernel's own temp folder here.
 """
 
-import _signal
+from __future__ import annotations
+
+import _signal  # type: ignore[import-not-found]
 import _tracemalloc
 import contextlib
 import gc
@@ -22,10 +23,12 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
-_settings = {}
-# (capture(), restore(problems)) of each module settings part, in the order they run
-_PARTS = []
+from .modules import PARTS
+
+_settings: dict[str, Any] = {}
 _REAL_TIMER_SIGNALS = ("ITIMER_REAL", "ITIMER_VIRTUAL", "ITIMER_PROF")
 # the limits a cell could lower or raise to effect in a later request (the others are unused
 # by ordinary processes): one system call each per reset
@@ -34,7 +37,7 @@ _RLIMITS = ("CPU", "FSIZE", "DATA", "STACK", "CORE", "NOFILE", "AS", "NPROC", "M
 _call = getattr(operator, "call", lambda function: function())  # Python 3.11+
 
 
-def _interpreter_settings():
+def _interpreter_settings() -> Any:
     """(name, get, set) of the process-wide switches a fresh interpreter has at defaults."""
     pairs = [
         ("recursion limit", sys.getrecursionlimit, sys.setrecursionlimit),
@@ -60,25 +63,25 @@ def _interpreter_settings():
     return pairs
 
 
-def _set_allocation_tracing(on):
+def _set_allocation_tracing(on: Any) -> None:
     if on:
         _tracemalloc.start()
     else:
         _tracemalloc.stop()
 
 
-def _set_dont_write_bytecode(value):
+def _set_dont_write_bytecode(value: Any) -> None:
     sys.dont_write_bytecode = value
 
 
-def _set_thread_excepthook(hook):
+def _set_thread_excepthook(hook: Callable[..., Any]) -> None:
     threading.excepthook = hook
 
 
 # -- capture ---------------------------------------------------------------------------------
 
 
-def capture_settings():
+def capture_settings() -> None:
     """Record the current settings as the baseline (call with the rest of the baseline)."""
     _settings.clear()
     names, getters, setters = zip(*_interpreter_settings())  # noqa: B905
@@ -94,11 +97,11 @@ def capture_settings():
     _settings["time zone"] = (time.tzname, time.timezone, time.altzone, time.daylight)
     _settings["argv"] = (sys.argv, list(sys.argv))
     _settings["temp folder"] = _temp_folder()
-    for capture, _restore in _PARTS:
+    for capture, _restore in PARTS:
         capture()
 
 
-def _temp_folder():
+def _temp_folder() -> Any:
     """The kernel's own temp folder (``TMPDIR``, set by the pool) and what was in it at the
     baseline; None where the kernel has none of its own."""
     folder = os.environ.get("KERNEL_POOL_TMPDIR")
@@ -110,7 +113,7 @@ def _temp_folder():
         return None
 
 
-def _empty_temp_folder(problems):
+def _empty_temp_folder(problems: list[str]) -> None:
     """Remove what cells left in the kernel's temp folder: a later request starts with it
     as a fresh kernel would (what was there at the baseline stays)."""
     recorded = _settings.get("temp folder")
@@ -131,7 +134,7 @@ def _empty_temp_folder(problems):
             problems.append(f"cannot empty the temp folder: {exc.strerror}: {entry.name}")
 
 
-def _signal_handlers():
+def _signal_handlers() -> Any:
     """Handlers set from Python (not where C code set one: it cannot be read or put back).
 
     Not SIGINT's: ipykernel installs its interrupting handler around every execution and puts
@@ -149,13 +152,13 @@ def _signal_handlers():
     return handlers
 
 
-def _umask():
+def _umask() -> Any:
     mask = os.umask(0o022)
     os.umask(mask)
     return mask
 
 
-def _rlimits():
+def _rlimits() -> Any:
     """``(resource module, limit numbers, their names, their values)``."""
     resource = _optional("resource")
     limits = {}
@@ -167,21 +170,21 @@ def _rlimits():
     return resource, tuple(limits), [limits[w][0] for w in limits], [limits[w][1] for w in limits]
 
 
-def _priority():
+def _priority() -> Any:
     try:
         return os.getpriority(os.PRIO_PROCESS, 0)
     except (AttributeError, OSError):
         return None
 
 
-def _affinity():
+def _affinity() -> Any:
     try:
         return os.sched_getaffinity(0)
     except (AttributeError, OSError):
         return None
 
 
-def _locale():
+def _locale() -> Any:
     locale = _optional("locale")
     try:
         return (locale, locale.setlocale(locale.LC_ALL)) if locale is not None else None
@@ -189,7 +192,7 @@ def _locale():
         return None
 
 
-def _optional(name):
+def _optional(name: str) -> Any:
     try:
         return __import__(name)
     except ImportError:
@@ -199,7 +202,7 @@ def _optional(name):
 # -- restore ---------------------------------------------------------------------------------
 
 
-def restore_settings(problems):
+def restore_settings(problems: list[str]) -> None:
     """Put back every recorded setting a cell changed; what cannot be undone is a problem.
 
     Call after ``os.environ`` is restored (the time zone follows ``TZ``).
@@ -222,11 +225,11 @@ def restore_settings(problems):
     _restore_signals(problems)
     _restore_process(problems)
     _empty_temp_folder(problems)
-    for _capture, restore in _PARTS:
+    for _capture, restore in PARTS:
         restore(problems)
 
 
-def _restore_signals(problems):
+def _restore_signals(problems: list[str]) -> None:
     signums, handlers = _settings["signals"]
     current = list(map(_signal.getsignal, signums))
     if current != handlers:
@@ -243,7 +246,7 @@ def _restore_signals(problems):
     signal.pthread_sigmask(signal.SIG_SETMASK, _settings["signal mask"])
 
 
-def _restore_process(problems):
+def _restore_process(problems: list[str]) -> None:
     umask = _settings["umask"]
     os.umask(umask)
     resource, which, names, limits = _settings["rlimits"]

@@ -1,7 +1,6 @@
 """What a cell can change in ``logging`` that would outlive it.
 
-Shipped into every kernel after ``_inkernel_state.py``, ahead of the other module settings,
-into the same module (stdlib only): the root logger (handlers, level, filters,
+One of the parts ``modules`` lists in ``PARTS``: the root logger (handlers, level, filters,
 ``logging.disable``, ``logging.captureWarnings``), the record factory and logger class, and
 every named logger's level, handlers, filters and ``propagate`` and ``disabled`` flags.
 Without it, a cell's ``logging.config.dictConfig`` silences every logger that existed before
@@ -13,18 +12,25 @@ module stays imported and would not set it again. A logger a cell makes is put b
 no level of its own, no handlers or filters, propagating.
 """
 
+from __future__ import annotations
+
 import contextlib
 import operator
 import sys
+from typing import Any
 
-_root_recorded = {}
-_named = {}  # the named loggers looked after, their recorded states, and the logger table
+from .registries import importing
+
+_root_recorded: dict[str, Any] = {}
+# the named loggers looked after, their recorded states, and the logger table
+_named: dict[str, Any] = {}
 _LOGGER_STATE = operator.attrgetter("level", "propagate", "disabled", "handlers", "filters")
 _TRACKED = frozenset({"level", "propagate", "disabled", "handlers", "filters"})
-_NEW_LOGGER_STATE = (0, True, False, [], [])  # logging.NOTSET, as Logger() makes one
+# logging.NOTSET, as Logger() makes one
+_NEW_LOGGER_STATE: tuple[Any, ...] = (0, True, False, [], [])
 
 
-def _capture_logging():
+def capture_logging() -> None:
     logging = sys.modules.get("logging")
     _root_recorded.clear()
     _named.clear()
@@ -51,18 +57,18 @@ def _capture_logging():
     _track_import_time_changes(logging)
 
 
-def _classes(logging):
+def _classes(logging: Any) -> Any:
     """The record factory and the logger classes new records and loggers are made with."""
     manager_class = logging.root.manager.loggerClass
     return (logging.getLogRecordFactory(), logging.getLoggerClass(), manager_class)
 
 
-def _state_of(logger):
+def _state_of(logger: Any) -> Any:
     level, propagate, disabled, handlers, filters = _LOGGER_STATE(logger)
     return (level, propagate, disabled, list(handlers), list(filters))
 
 
-def _track_import_time_changes(logging):
+def _track_import_time_changes(logging: Any) -> None:
     """Have loggers record what a module sets on them while it is being imported.
 
     Attribute writes (``setLevel``, ``propagate``, ``disabled``, a new logger's own
@@ -75,12 +81,12 @@ def _track_import_time_changes(logging):
     root = logging.root
     base_setattr = logger_class.__setattr__
 
-    def __setattr__(self, name, value):
+    def __setattr__(self: Any, name: str, value: Any) -> None:
         base_setattr(self, name, value)
-        if name in _TRACKED and _named and self is not root and _importing():  # noqa: F821
+        if name in _TRACKED and _named and self is not root and importing():
             _keep(self)
 
-    __setattr__._kernel_pool_tracking = True
+    vars(__setattr__)["_kernel_pool_tracking"] = True
     logger_class.__setattr__ = __setattr__
     for name in ("addHandler", "removeHandler", "addFilter", "removeFilter"):
         setattr(logger_class, name, _logger_method(getattr(logger_class, name), root))
@@ -93,35 +99,35 @@ def _track_import_time_changes(logging):
         setattr(owner, name, _class_setter(getattr(owner, name), logging))
 
 
-def _logger_method(method, root):
-    def wrapper(self, *args, **kwargs):
+def _logger_method(method: Any, root: Any) -> Any:
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = method(self, *args, **kwargs)
-        if _named and self is not root and _importing():  # noqa: F821 (_inkernel_registries.py)
+        if _named and self is not root and importing():
             _keep(self)
         return result
 
     return _wrapping(wrapper, method)
 
 
-def _class_setter(function, logging):
-    def wrapper(*args, **kwargs):
+def _class_setter(function: Any, logging: Any) -> Any:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         result = function(*args, **kwargs)
-        if _named and _importing():  # noqa: F821 (_inkernel_registries.py)
+        if _named and importing():
             _root_recorded["classes"] = _classes(logging)
         return result
 
     return _wrapping(wrapper, function)
 
 
-def _wrapping(wrapper, wrapped):
+def _wrapping(wrapper: Any, wrapped: Any) -> Any:
     wrapper.__name__ = wrapped.__name__
     wrapper.__qualname__ = wrapped.__qualname__
     wrapper.__doc__ = wrapped.__doc__
-    wrapper.__wrapped__ = wrapped
+    vars(wrapper)["__wrapped__"] = wrapped
     return wrapper
 
 
-def _keep(logger):
+def _keep(logger: Any) -> None:
     """Record ``logger``'s current state as the one resets return to."""
     try:
         state = _state_of(logger)
@@ -130,7 +136,7 @@ def _keep(logger):
     _record(logger, state)
 
 
-def _record(logger, state):
+def _record(logger: Any, state: Any) -> None:
     position = _named["index"].get(logger)
     if position is None:
         _named["index"][logger] = len(_named["loggers"])
@@ -140,7 +146,7 @@ def _record(logger, state):
         _named["states"][position] = state
 
 
-def _restore_logging(problems):
+def restore_logging(problems: list[str]) -> None:
     logging = sys.modules.get("logging")
     if not _root_recorded or logging is None:
         return
@@ -148,7 +154,7 @@ def _restore_logging(problems):
     _restore_named(logging)
 
 
-def _restore_root(logging):
+def _restore_root(logging: Any) -> None:
     recorded = _root_recorded
     root = logging.root
     if root.handlers != recorded["handlers"]:
@@ -170,7 +176,7 @@ def _restore_root(logging):
         root.manager.loggerClass = manager_class
 
 
-def _restore_named(logging):
+def _restore_named(logging: Any) -> None:
     table = list(logging.root.manager.loggerDict.values())
     if table != _named["table"]:  # loggers made since: a cell's start as new
         for value in table:
@@ -194,14 +200,14 @@ def _restore_named(logging):
     logging.root.manager._clear_cache()  # loggers cache what they found enabled
 
 
-def _kept_handlers():
+def _kept_handlers() -> Any:
     """The ids of the handlers some logger keeps."""
     kept = {id(handler) for handler in _root_recorded["handlers"]}
     kept.update(id(handler) for state in _named["states"] for handler in state[3])
     return kept
 
 
-def _close_dropped(handlers, kept):
+def _close_dropped(handlers: Any, kept: Any) -> None:
     """Close a cell's handlers as they are dropped (a file it opened, a socket)."""
     for handler in list(handlers):
         if id(handler) not in kept:

@@ -1,6 +1,5 @@
 """``sys.modules`` after a cell: what stays warm, what is put back, what is removed.
 
-Shipped into every kernel with ``_inkernel.py``, into the same module (stdlib only).
 Modules the import system loaded stay imported (that is the point of a warm kernel), and a
 module every request has seen stays the one later requests see: an entry a cell deleted or
 replaced is put back. An entry the import system did not create (not a module, no spec, or
@@ -11,23 +10,33 @@ there while it is being imported (a compatibility alias, a module replacing itse
 wrapper) stay, as the module does.
 """
 
-_table = {}  # "snapshot": sys.modules after the last reset (a _Snapshot)
-_put_while_importing = {}  # name -> object a module put in sys.modules during its import
+from __future__ import annotations
+
+import itertools
+import sys
+from types import ModuleType
+from typing import Any
+
+from .baseline import MISSING, Snapshot
+
+_table: dict[str, Any] = {}  # "snapshot": sys.modules after the last reset (a Snapshot)
+# name -> object a module put in sys.modules during its import
+_put_while_importing: dict[str, Any] = {}
 
 
-def watch_imports():
+def watch_imports() -> None:
     """Note what modules put in ``sys.modules`` while they are imported (call before the
     baseline). The import system looks ``_find_and_load`` up on ``importlib._bootstrap``
     for every import not yet loaded; the wrapper carries that module's file name, so that
     tracebacks of failed imports are trimmed of it as of the import system's own frames."""
-    bootstrap = sys.modules.get("importlib._bootstrap")  # noqa: F821 (sys from _inkernel.py)
+    bootstrap: Any = sys.modules.get("importlib._bootstrap")
     original = getattr(bootstrap, "_find_and_load", None)
     if original is None or getattr(original, "_kernel_pool_watched", False):
         return
-    namespace = {"_original": original, "_ended": _import_ended, "_depth": [0], "sys": sys}  # noqa: F821
+    namespace = {"_original": original, "_ended": _import_ended, "_depth": [0], "sys": sys}
     exec(compile(_WRAPPER, original.__code__.co_filename, "exec"), namespace)
     wrapper = namespace["_find_and_load"]
-    wrapper._kernel_pool_watched = True
+    vars(wrapper)["_kernel_pool_watched"] = True
     bootstrap._find_and_load = wrapper
 
 
@@ -46,44 +55,44 @@ def _find_and_load(*args, **kwargs):
 """
 
 
-def _import_ended(before):
+def _import_ended(before: Any) -> None:
     """Record the entries an import added that the import system did not make itself."""
-    modules = sys.modules  # noqa: F821
+    modules = sys.modules
     added = len(modules) - before
     if added <= 0:
         return
-    for name in list(itertools.islice(reversed(modules), added)):  # noqa: F821 (newest last)
-        value = modules.get(name, _MISSING)  # noqa: F821
-        if value is not _MISSING and not _imported(name, value):  # noqa: F821
+    for name in list(itertools.islice(reversed(modules), added)):  # newest last
+        value = modules.get(name, MISSING)
+        if value is not MISSING and not _imported(name, value):
             _put_while_importing[name] = value
 
 
-def _imported(name, value):
+def _imported(name: str, value: Any) -> Any:
     """Whether the import system made this entry: a module whose spec has its name."""
-    if not isinstance(value, _MODULE):  # noqa: F821 (from _inkernel_interpreter.py)
+    if not isinstance(value, ModuleType):
         return False
     spec = getattr(value, "__spec__", None)
     return spec is not None and getattr(spec, "name", None) == name
 
 
-def capture_module_table():
+def capture_module_table() -> None:
     """Record ``sys.modules`` as the baseline's (with the rest of the baseline)."""
-    _table["snapshot"] = _Snapshot(sys.modules)  # noqa: F821 (from _inkernel_interpreter.py)
+    _table["snapshot"] = Snapshot(sys.modules)
 
 
-def restore_module_table():
+def restore_module_table() -> None:
     """Put back entries a cell deleted or replaced; remove those the import system did not
     make, and the modules imported since that hold one of them."""
-    modules = sys.modules  # noqa: F821
+    modules = sys.modules
     snapshot = _table["snapshot"]
     if snapshot.unchanged(modules, exact=True):
         return
     stand_ins = []
     if not snapshot.unchanged(modules, exact=False):
         for name, module in snapshot.items.items():
-            current = modules.get(name, _MISSING)  # noqa: F821
+            current = modules.get(name, MISSING)
             if current is not module:
-                if current is not _MISSING and not _imported(name, current):  # noqa: F821
+                if current is not MISSING and not _imported(name, current):
                     stand_ins.append(current)
                 modules[name] = module
     new = [(name, value) for name, value in list(modules.items()) if name not in snapshot.items]
@@ -92,37 +101,37 @@ def restore_module_table():
     if stand_ins:
         gone += [(n, v) for n, v in new if _kept(n, v) and _holds_any(v, stand_ins)]
         _drop(modules, gone)
-    _table["snapshot"] = _Snapshot(modules)  # noqa: F821
+    _table["snapshot"] = Snapshot(modules)
     if len(_put_while_importing) > len(modules):  # (names of entries long gone)
         for name in [n for n in list(_put_while_importing) if n not in modules]:
             del _put_while_importing[name]
 
 
-def _holds_any(module, stand_ins):
+def _holds_any(module: Any, stand_ins: Any) -> Any:
     """Whether a module imported meanwhile bound a stand-in (``import torch`` under a mock),
     or an object of a stand-in's own class (``from torch import nn``: another mock)."""
     ids = {id(value) for value in stand_ins}
     kinds = {
         type(value)
         for value in stand_ins
-        if not isinstance(value, _MODULE) and type(value).__module__ not in ("builtins", "types")  # noqa: F821
+        if not isinstance(value, ModuleType) and type(value).__module__ not in ("builtins", "types")
     }
     values = list(getattr(module, "__dict__", {}).values())
     return any(id(value) in ids or type(value) in kinds for value in values)
 
 
-def _kept(name, value):
-    return _imported(name, value) or _put_while_importing.get(name, _MISSING) is value  # noqa: F821
+def _kept(name: str, value: Any) -> Any:
+    return _imported(name, value) or _put_while_importing.get(name, MISSING) is value
 
 
-def _drop(modules, entries):
+def _drop(modules: Any, entries: Any) -> None:
     """Remove entries from ``sys.modules``, and each module from its package's attributes
     (where the import system bound it), so that the next import loads it anew."""
     for name, value in entries:
-        if modules.get(name, _MISSING) is value:  # noqa: F821
+        if modules.get(name, MISSING) is value:
             del modules[name]
         parent, _, child = name.rpartition(".")
         package = modules.get(parent) if parent else None
         attributes = getattr(package, "__dict__", None)
-        if isinstance(attributes, dict) and attributes.get(child, _MISSING) is value:  # noqa: F821
+        if isinstance(attributes, dict) and attributes.get(child, MISSING) is value:
             del attributes[child]
