@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from kernel_pool import Pool, PoolSet
+from kernel_pool import Pool, PoolMemory, PoolSet
 
 from .environments.kernels import LockedKernels
 
@@ -28,9 +28,15 @@ _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 class _PoolCollector(Collector):
     """Reads the pool's stats snapshot and the worker's queue when scraped."""
 
-    def __init__(self, pool: Pool, gauges: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        gauges: Callable[[], dict[str, int]],
+        memory: Callable[[], PoolMemory],
+    ) -> None:
         self._pool = pool
         self._gauges = gauges
+        self._memory = memory
 
     def collect(self) -> Iterator[Metric]:
         stats = self._pool.stats()
@@ -64,13 +70,13 @@ class _PoolCollector(Collector):
                 count_value=summary.count,
                 sum_value=summary.total_seconds,
             )
-        yield from _memory_metrics(self._pool)
+        yield from _memory_metrics(self._memory())
         for name, value in self._gauges().items():
             yield GaugeMetricFamily(f"{_PREFIX}_{name}", name.replace("_", " ").capitalize(), value)
 
 
-def _memory_metrics(pool: Pool) -> Iterator[Metric]:
-    memory = pool.memory()
+def _memory_metrics(memory: PoolMemory) -> Iterator[Metric]:
+    """Memory as last measured in the background (see memory_watch): a scrape reads none."""
     kernels = GaugeMetricFamily(
         f"{_PREFIX}_kernel_memory_bytes",
         "Kernel memory: rss, pss (shared pages in equal parts), uss (its own)",
@@ -137,7 +143,13 @@ class _EnvironmentCollector(Collector):
 class WorkerMetrics:
     """The worker's metrics registry and the instruments request handlers update."""
 
-    def __init__(self, pool: Pool, gauges: Callable[[], dict[str, int]]) -> None:
+    def __init__(
+        self,
+        pool: Pool,
+        gauges: Callable[[], dict[str, int]],
+        memory: Callable[[], PoolMemory],
+    ) -> None:
+        """``memory``: the default pool's memory as last measured."""
         self.registry = CollectorRegistry()
         self.executions = Histogram(
             f"{_PREFIX}_execution_seconds",
@@ -152,7 +164,7 @@ class WorkerMetrics:
         self.bytes_out = Counter(
             f"{_PREFIX}_bundle_bytes", "Output bundle bytes produced", registry=self.registry
         )
-        self.registry.register(_PoolCollector(pool, gauges))
+        self.registry.register(_PoolCollector(pool, gauges, memory))
 
     def watch_environments(self, pools: PoolSet, environments: LockedKernels) -> None:
         """Export locked environments and their pools too."""

@@ -20,6 +20,7 @@ from .settings import Settings
 
 if TYPE_CHECKING:
     from .environments.kernels import LockedKernels
+    from .memory_watch import MemoryWatch
     from .metrics import WorkerMetrics
     from .mounts.cache import MountCache
     from .runs.reuse import ReusableFiles
@@ -38,6 +39,8 @@ class WorkerState:
     pools: PoolSet
     """The default pool (``pool``) and one per locked environment in use."""
     environments: LockedKernels
+    memory: MemoryWatch
+    """The pools' memory, measured in the background (never by a probe)."""
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
     uploads: int = 0

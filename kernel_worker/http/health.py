@@ -78,7 +78,7 @@ async def health(request: Request) -> JSONResponse:
             "retirements": dict(stats.retirements),
             "start_failures": stats.start_failures,
             "recycle": state.settings.recycle.value,
-            "memory": state.pool.memory().as_dict(),
+            "memory": _memory(state),
         },
     }
     body["environments"] = {
@@ -134,6 +134,16 @@ def _features(state: WorkerState) -> dict[str, object]:
         "languages": ["python"],
         "locked_r_environments": False,
         "mount_cache_probe": True,
+    }
+
+
+def _memory(state: WorkerState) -> dict[str, object]:
+    """The default pool's memory as last measured in the background (see memory_watch)."""
+    snapshot = state.memory.latest
+    age = snapshot.age_seconds()
+    return {
+        **snapshot.of(state.pool.config.kind.name).as_dict(),
+        "measured_seconds_ago": None if age is None else round(age, 3),
     }
 
 

@@ -74,6 +74,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         stack.push_async_callback(fleet.aclose)
         releasing = _release_idle_files(state.reusable_files)
         stack.push_async_callback(cancel_and_wait, releasing)
+        watching = asyncio.ensure_future(state.memory.run())
+        stack.push_async_callback(cancel_and_wait, watching)
         yield
 
 
