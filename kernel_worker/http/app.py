@@ -15,14 +15,17 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from kernel_pool import KernelKind, KernelSetup, Pool, PoolConfig, ShippedPackage
+from kernel_pool import KernelKind, KernelSetup, PoolConfig, PoolSet, ShippedPackage
 
 from .. import __version__, agent
+from ..environments import EnvironmentStore, default_registry_url, default_root
+from ..environments.kernels import LockedKernels
 from ..errors import WorkerError, error_response
 from ..execution import ExecutionContext
 from ..jobs import JobQueue
 from ..kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
 from ..logs import RequestIdMiddleware
+from ..memory_watch import MemoryWatch
 from ..metrics import WorkerMetrics
 from ..mounts.cache import MountCache
 from ..runs.directory import KEPT_DIR_PREFIX
@@ -93,6 +96,41 @@ def pool_config(settings: Settings, kernel_env: dict[str, str]) -> PoolConfig:
     )
 
 
+def pool_set(settings: Settings, default: PoolConfig) -> PoolSet:
+    """The worker's pool, and a pool per locked environment made on its first cell (its
+    own size, no spares, no preload: ``--preload`` is for the worker's environment)."""
+
+    def config_for(kind: KernelKind) -> PoolConfig:
+        return replace(default, kind=kind, size=settings.env_pool_size, spares=0)
+
+    cap = settings.max_kernels or default.target_kernels + 4
+    return PoolSet(default, config_for, max_kernels=cap)
+
+
+def locked_kernels(settings: Settings, kernel_env: dict[str, str], pools: PoolSet) -> LockedKernels:
+    """Locked environments as the settings say; uv is looked for when the lifespan starts."""
+
+    def make_store(uv: str) -> EnvironmentStore:
+        return EnvironmentStore(
+            settings.env_root or default_root(),
+            uv=uv,
+            registry_url=settings.env_registry_url or default_registry_url(),
+            allow_source_builds=settings.allow_source_builds,
+            source_build_hint="--allow-source-builds on",
+        )
+
+    def keep() -> set[str]:  # environments with a live pool
+        return {key for name in pools.in_use() if (key := environments.dir_key_of(name))}
+
+    environments = LockedKernels(
+        make_store if settings.locked_environments else None,
+        kernel_env,
+        max_disk=settings.env_max_disk,
+        keep=keep,
+    )
+    return environments
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the worker application; the pool starts with the app's lifespan.
 
@@ -117,7 +155,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             len(kernel_env),
             len(environ),
         )
-    pool = Pool(pool_config(settings, kernel_env))
+    pools = pool_set(settings, pool_config(settings, kernel_env))
+    pool = pools.default
+    environments = locked_kernels(settings, kernel_env, pools)
+    memory = MemoryWatch(pools)
     if settings.worker_id is None:
         settings = replace(settings, worker_id=default_worker_id(settings.port))
     assert settings.worker_id is not None
@@ -149,8 +190,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             "active_executions": state.active_executions,
             "kept_file_bytes": state.reusable_files.held_bytes if state.reusable_files else 0,
         },
+        lambda: memory.latest.of(pool.config.kind.name),
     )
-    state = WorkerState(settings, pool, context, jobs, metrics, mount_cache)
+    metrics.watch_environments(pools, environments)
+    state = WorkerState(
+        settings, pool, context, jobs, metrics, mount_cache, pools, environments, memory
+    )
 
     app = FastAPI(
         title="strata-kernel-worker",
