@@ -164,17 +164,23 @@ class PreparedRequest:
     description: str
 
 
-def prepare_request(case: Case, payload: bytes | None) -> PreparedRequest:
+def prepare_request(
+    case: Case, payload: bytes | None, environment: dict[str, str] | None = None
+) -> PreparedRequest:
+    """``environment``: a locked environment for ``params.environment``, as Strata sends it."""
     inputs: list[dict[str, str]] = []
     files: dict[str, tuple[str, bytes, str]] = {}
     if payload is not None:
         inputs.append({"name": "df", "format": "arrow/ipc", "file": "df.arrow"})
         files["df.arrow"] = ("df.arrow", payload, "application/vnd.apache.arrow.stream")
+    params: dict[str, Any] = {"source": case.source, "timeout_seconds": TIMEOUT_SECONDS}
+    if environment is not None:
+        params["environment"] = environment
     metadata = {
         "protocol_version": "v1",
         "transform": {
             "ref": "notebook_cell@v1",
-            "params": {"source": case.source, "timeout_seconds": TIMEOUT_SECONDS},
+            "params": params,
         },
         "inputs": inputs,
     }

@@ -20,6 +20,8 @@ from typing import Any
 from kernel_worker.settings import default_run_root
 
 from .chart import write_chart
+from .environments import EnvironmentsPlan, run_environments
+from .environments_report import environments_lines, environments_targets
 from .errors import BenchError, Failure
 from .plan import BenchPlan
 from .pool_bench import run_pool_bench
@@ -33,7 +35,9 @@ log = logging.getLogger("bench")
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TEMPLATE = "template"  # a case with workers of its own, run after the worker level
-UNCHARTED_CASES = frozenset({"libraries", TEMPLATE})  # the chart has no panel for these: a table only
+ENVIRONMENTS = "environments"  # the same: its workers each need a fresh environment root
+OWN_CASES = frozenset({TEMPLATE, ENVIRONMENTS})
+UNCHARTED_CASES = frozenset({"libraries", *OWN_CASES})  # the chart has no panel for these
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -79,7 +83,7 @@ def _cases(args: argparse.Namespace, parser: argparse.ArgumentParser) -> frozens
     if args.only == "pool":
         parser.error("--cases selects worker-level cases: not with --only pool")
     names = frozenset(n for item in args.cases for n in item.split(",") if n)
-    known = (*case_names(full=args.full), TEMPLATE)
+    known = (*case_names(full=args.full), TEMPLATE, ENVIRONMENTS)
     unknown = sorted(names - set(known))
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}"
@@ -107,9 +111,9 @@ async def _run(
         if only in (None, "pool") and cases is None:
             log.info("pool level")
             results["pool"] = await run_pool_bench(plan.pool, workdir, failures)
-        if only in (None, "worker") and (cases is None or cases - {TEMPLATE}):
+        if only in (None, "worker") and (cases is None or cases - OWN_CASES):
             log.info("worker level")
-            selected = None if cases is None else cases - {TEMPLATE}
+            selected = None if cases is None else cases - OWN_CASES
             bench = WorkerBench(plan, reference, workdir, results_dir / "logs", failures, selected)
             try:
                 results["worker"] = await bench.run()
@@ -119,6 +123,12 @@ async def _run(
             log.info("template case: the preload in every kernel, then once for forks of it")
             template = TemplatePlan.make(quick=plan.quick)
             results[TEMPLATE] = await run_template(template, workdir, results_dir / "logs", failures)
+        if only in (None, "worker") and (cases is None or ENVIRONMENTS in cases):
+            log.info("environments case: a locked environment, first request and warm cells")
+            results[ENVIRONMENTS] = await run_environments(
+                EnvironmentsPlan.make(quick=plan.quick), reference.binary, workdir,
+                results_dir / "logs", failures,
+            )  # fmt: skip
     finally:
         await asyncio.to_thread(shutil.rmtree, workdir, True)
     results["failures"] = [f.as_dict() for f in failures]
@@ -163,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = asyncio.run(_run(plan, reference, args.only, args.results_dir, cases))
     meta = _meta(args, plan, cases, time.monotonic() - started, load_before)
     results = {"meta": meta, **results}
-    results["targets"] = evaluate_targets(results) + template_targets(results.get(TEMPLATE))
+    results["targets"] = (evaluate_targets(results) + template_targets(results.get(TEMPLATE))
+                          + environments_targets(results.get(ENVIRONMENTS)))  # fmt: skip
     args.results_dir.mkdir(parents=True, exist_ok=True)
     stem = results_stem(cases)
     json_path, chart_path = (args.results_dir / f"{stem}{ext}" for ext in (".json", ".png"))
@@ -174,6 +185,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             write_chart(results, chart_path)
     if results.get(TEMPLATE):
         print("\n".join(template_lines(results[TEMPLATE])) + "\n")
+    if results.get(ENVIRONMENTS):
+        print("\n".join(environments_lines(results[ENVIRONMENTS])) + "\n")
     print(render_table(results))
     print(f"\nresults: {json_path}" + (f", chart: {chart_path}" if charted else ""))
     if results["failures"]:
