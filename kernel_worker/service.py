@@ -128,7 +128,7 @@ async def execute_to_bundle(
         if outcome.success:
             writes = await sync_back(cell.mounts, mounted) if cell.mounts else []
             outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
-        if prepared is not None:  # as the reference reports it
+        if prepared is not None:  # the environment it ran in, for the bundle's reader
             built = prepared.environment
             outcome = replace(
                 outcome, environment={"key": built.dir_key, "installed": built.installed}

@@ -87,7 +87,7 @@ async def health(request: Request) -> JSONResponse:
             {
                 "kind": pool.kind,
                 "kernels": pool.kernels,
-                "leases": pool.users,
+                "leases_now": pool.users,
                 "idle_seconds": round(pool.idle_seconds, 1),
             }
             for pool in state.pools.stats()
