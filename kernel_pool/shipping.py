@@ -39,9 +39,7 @@ class ShippedPackage:
     def sources(self) -> dict[str, str]:
         """Each module's path relative to :attr:`source` (``/`` between folders) -> its
         source, the package's ``__init__.py`` first."""
-        files = sorted(
-            self.source.rglob("*.py"), key=lambda p: (p.name != "__init__.py", p.parts)
-        )
+        files = sorted(self.source.rglob("*.py"), key=lambda p: (p.name != "__init__.py", p.parts))
         return {
             path.relative_to(self.source).as_posix(): path.read_text(encoding="utf-8")
             for path in files
