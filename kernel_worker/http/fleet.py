@@ -11,9 +11,19 @@ peer answered for a worker id is remembered, so later polls of that worker's job
 alone first. A cancel for a build that runs nowhere here is sent to every peer and the
 answers OR-ed (the client's own cancel waits 5 s, so the peers get 3).
 
-Peers are only the configured ones: base URLs, and ``dns:NAME:PORT`` entries re-resolved
-every :data:`REFRESH_SECONDS` (a Kubernetes headless Service lists every pod). No address
-is ever taken from a request.
+Peers are only the configured ones (see :mod:`.peers`): base URLs, and ``dns:NAME:PORT``
+entries re-resolved every :data:`REFRESH_SECONDS` (a Kubernetes headless Service lists
+every pod). No address is ever taken from a request, and an id goes to a peer only as one
+plain path segment (never ``.`` or ``..``, which would name another route there).
+
+What forwarding may hold is bounded (:class:`PeerLimits`): requests in flight per peer and
+sockets to all peers together (within the open files
+:data:`~kernel_worker.http.connections.FD_RESERVE` keeps beside the worker's own
+connections), a short connect timeout and a bound on how long a peer may take to start its
+answer. A peer that let a request time out is marked hanging for a few seconds, and requests
+to it fail at once meanwhile. Forwarded requests carry no cookies, and a ``502`` tells the
+client how many peers could not be asked, never which: the log says which, under the error
+id the answer gives.
 """
 
 from __future__ import annotations
@@ -21,28 +31,36 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import socket
-import time
-from collections.abc import AsyncIterator, Iterable
+import secrets
+from collections.abc import Iterable
 from urllib.parse import quote
 
 import httpx
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from ..cancellation import cancel_and_wait
 from ..errors import NotFound, UpstreamFailed
 from ..logs import request_id
+from .peers import (
+    REFRESH_SECONDS,
+    FreeingStream,
+    NoCookies,
+    Peer,
+    PeerLimits,
+    Peers,
+    PeerUnavailable,
+    plain_segment,
+)
 
-__all__ = ["HOP_HEADER", "REFRESH_SECONDS", "Fleet", "Peers"]
+__all__ = ["HOP_HEADER", "REFRESH_SECONDS", "Fleet", "PeerLimits", "Peers"]
 
 log = logging.getLogger(__name__)
 
 HOP_HEADER = "X-Strata-Worker-Forwarded"
 """Marks a request one worker forwarded to another (its value: the sender's id); a worker
 never forwards such a request again."""
-REFRESH_SECONDS = 5.0
-"""How long the addresses a ``dns:`` peer resolved to are used before it is resolved again."""
 CANCEL_SECONDS = 3.0
 """How long a forwarded cancel waits for the peers (Strata's client gives its cancel 5 s)."""
 # the client's headers a forwarded request carries (the token is checked by each peer)
@@ -53,68 +71,38 @@ _NOT_PASSED_BACK = frozenset(
 )
 
 
-class Peers:
-    """The configured peers' base URLs, with ``dns:NAME:PORT`` entries resolved."""
-
-    def __init__(self, entries: Iterable[str], refresh_seconds: float = REFRESH_SECONDS) -> None:
-        entries = tuple(entries)
-        self._urls = [entry for entry in entries if not entry.startswith("dns:")]
-        self._names: list[tuple[str, int]] = []
-        for entry in entries:
-            if entry.startswith("dns:"):
-                name, _, port = entry.removeprefix("dns:").rpartition(":")
-                self._names.append((name, int(port)))
-        self._resolved: dict[tuple[str, int], list[str]] = {}
-        self._resolved_at = -float("inf")
-        self._refresh_seconds = refresh_seconds
-
-    def __bool__(self) -> bool:
-        return bool(self._urls or self._names)
-
-    async def urls(self) -> list[str]:
-        """Every peer's base URL (each name resolved at most every ``refresh_seconds``)."""
-        if self._names and time.monotonic() - self._resolved_at >= self._refresh_seconds:
-            self._resolved_at = time.monotonic()  # one resolution at a time; others use the last
-            await asyncio.gather(*(self._resolve(name, port) for name, port in self._names))
-        urls = list(self._urls)
-        for addresses in self._resolved.values():
-            urls += [url for url in addresses if url not in urls]
-        return urls
-
-    async def _resolve(self, name: str, port: int) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            infos = await loop.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-        except OSError as exc:  # keep what it resolved to last time
-            log.warning("peers: cannot resolve %s: %s", name, exc)
-            return
-        urls: list[str] = []
-        for family, *_, address in infos:
-            host = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
-            url = f"http://{host}:{port}"
-            if url not in urls:
-                urls.append(url)
-        self._resolved[(name, port)] = urls
-
-
 class Fleet:
     """This worker's id and peers, and the client that forwards to them."""
 
-    def __init__(self, worker_id: str, peers: Iterable[str]) -> None:
+    def __init__(
+        self, worker_id: str, peers: Iterable[str], limits: PeerLimits | None = None
+    ) -> None:
         self.worker_id = worker_id
         self.peers = Peers(peers)
+        self.limits = limits or PeerLimits()
         self._client: httpx.AsyncClient | None = None
         self._homes: dict[str, str] = {}
         """A worker id -> the peer URL that last answered a poll for one of its jobs."""
+        self._peers: dict[str, Peer] = {}
 
     def open(self) -> None:
         """Make the client (on the event loop, once the worker serves); none without peers."""
         if self.peers and self._client is None:
+            limits = self.limits
             self._client = httpx.AsyncClient(
-                timeout=httpx.Timeout(30.0, connect=3.0),
+                timeout=httpx.Timeout(
+                    limits.read_seconds,
+                    connect=limits.connect_seconds,
+                    pool=limits.connect_seconds,
+                ),
                 # idle connections go before a peer's own 5 s keep-alive closes them, so a
                 # request is never sent on a connection the peer is closing
-                limits=httpx.Limits(max_keepalive_connections=32, keepalive_expiry=4.0),
+                limits=httpx.Limits(
+                    max_connections=limits.total_connections,
+                    max_keepalive_connections=min(32, limits.total_connections),
+                    keepalive_expiry=4.0,
+                ),
+                cookies=NoCookies(),
                 trust_env=False,  # peers are reached directly, never through HTTP_PROXY
                 follow_redirects=False,
             )
@@ -132,11 +120,12 @@ class Fleet:
         """The answer of the peer that holds ``job_id``, passed back as it comes.
 
         Raises:
+            ValueError: ``job_id`` is not a plain path segment (the route refuses those).
             NotFound: No peer holds it.
-            UpstreamFailed: None holds it, but some could not be asked (down, or an answer
-                other than 200 or 404): the job may be on one of those.
+            UpstreamFailed: None holds it, but some could not be asked (down, hanging, or
+                an answer other than 200 or 404): the job may be on one of those.
         """
-        path = "/v1/jobs/" + quote(job_id, safe="")
+        path = "/v1/jobs/" + _segment(job_id)
         headers = self._headers(request)
         urls = await self.peers.urls()
         owner, dot, _ = job_id.partition(".")
@@ -145,43 +134,55 @@ class Fleet:
         if home in urls:  # the peer that answered for this worker's jobs before
             found, failures = await self._first_ok([home], path, headers)
             if found is not None:
-                return _passed_back(found[1])
+                return _PassedBack(found[1])
             urls = [url for url in urls if url != home]
         found, more = await self._first_ok(urls, path, headers)
         failures += more
         if found is not None:
             if dot:
                 self._homes[owner] = found[0]
-            return _passed_back(found[1])
+            return _PassedBack(found[1])
         if failures:
-            log.warning("poll of job %s: no peer holds it; not asked: %s", job_id, failures)
+            error_id = secrets.token_hex(6)
+            log.warning(
+                "poll of job %s: no peer holds it; not asked: %s (error %s)",
+                job_id, ", ".join(failures), error_id,
+            )  # fmt: skip
             raise UpstreamFailed(
-                "Unknown job here; the workers that may hold it could not be asked: "
-                + ", ".join(failures)
+                f"Unknown job here; {len(failures)} of the workers that may hold it could "
+                f"not be asked (error {error_id})"
             )
         raise NotFound("Unknown or expired job")
 
     async def cancel(self, request: Request, build_id: str) -> bool:
-        """Ask every peer to cancel ``build_id``; True if one was running it."""
-        path = f"/v1/executions/{quote(build_id, safe='')}/cancel"
+        """Ask every peer to cancel ``build_id``; True if one was running it.
+
+        Raises:
+            ValueError: ``build_id`` is not a plain path segment (the route refuses those).
+        """
+        path = f"/v1/executions/{_segment(build_id)}/cancel"
         headers = self._headers(request)
         urls = await self.peers.urls()
-        asks = [asyncio.ensure_future(self._cancel_at(url + path, headers)) for url in urls]
-        if not asks:
-            return False
-        done, pending = await asyncio.wait(asks, timeout=CANCEL_SECONDS)
-        await cancel_and_wait(*pending)
+        asks = [asyncio.ensure_future(self._cancel_at(url, path, headers)) for url in urls]
+        try:
+            if asks:
+                await asyncio.wait(asks, timeout=CANCEL_SECONDS)
+        finally:  # also when this cancel is cancelled: nothing it sent goes on without it
+            await cancel_and_wait(*asks)
         return any(
-            not task.cancelled() and task.exception() is None and task.result() for task in done
+            not task.cancelled() and task.exception() is None and task.result() for task in asks
         )
 
-    async def _cancel_at(self, url: str, headers: dict[str, str]) -> bool:
-        assert self._client is not None
+    async def _cancel_at(self, url: str, path: str, headers: dict[str, str]) -> bool:
         try:
-            response = await self._client.post(url, headers=headers)
+            response = await self._ask("POST", url, path, headers)
+            try:
+                await response.aread()
+            finally:
+                await response.aclose()
             return response.status_code == 200 and response.json().get("cancelled") is True
-        except (httpx.HTTPError, ValueError, AttributeError) as exc:
-            log.warning("cancel forwarded to %s failed: %s", url, type(exc).__name__)
+        except (httpx.HTTPError, PeerUnavailable, ValueError, AttributeError) as exc:
+            log.warning("cancel forwarded to %s failed: %s", url, _why(exc))
             return False
 
     def _headers(self, request: Request) -> dict[str, str]:
@@ -191,20 +192,55 @@ class Fleet:
         headers["x-request-id"] = request_id.get()  # one id in every worker's log
         return headers
 
+    def _peer(self, url: str) -> Peer:
+        peer = self._peers.get(url)
+        if peer is None:
+            if len(self._peers) >= 1024:  # dns: peers come and go; forget the idle ones
+                for gone in [u for u, p in self._peers.items() if not p.in_flight]:
+                    del self._peers[gone]
+            peer = self._peers[url] = Peer(self.limits)
+        return peer
+
+    async def _ask(
+        self, method: str, url: str, path: str, headers: dict[str, str]
+    ) -> httpx.Response:
+        """Send a request to one peer within :attr:`limits`; its answer, still open (its
+        slot is free again once the answer is closed).
+
+        Raises:
+            PeerUnavailable: The peer is marked hanging, or no slot for it freed in time.
+            httpx.HTTPError: The request failed (a timeout marks the peer hanging).
+        """
+        client = self._client
+        assert client is not None
+        peer = self._peer(url)
+        await peer.take()
+        request = client.build_request(method, url + path, headers=headers)
+        try:
+            async with asyncio.timeout(self.limits.answer_seconds):
+                response = await client.send(request, stream=True)
+        except httpx.PoolTimeout:  # all sockets to peers in use: this peer is not to blame
+            peer.free()
+            raise
+        except (TimeoutError, httpx.TimeoutException) as exc:
+            peer.hangs()
+            peer.free()
+            if isinstance(exc, TimeoutError):
+                raise httpx.ReadTimeout("no answer in time", request=request) from None
+            raise
+        except BaseException:
+            peer.free()
+            raise
+        response.stream = FreeingStream(response.stream, peer)
+        return response
+
     async def _first_ok(
         self, urls: list[str], path: str, headers: dict[str, str]
     ) -> tuple[tuple[str, httpx.Response] | None, list[str]]:
         """GET ``path`` from every URL at once: the first that answers ``200`` with its
         answer, still open (its body not read), and why those that could not answer did
         not (a ``404`` is no failure)."""
-        client = self._client
-        assert client is not None
-        asks = {
-            asyncio.ensure_future(
-                client.send(client.build_request("GET", url + path, headers=headers), stream=True)
-            ): url
-            for url in urls
-        }
+        asks = {asyncio.ensure_future(self._ask("GET", url, path, headers)): url for url in urls}
         found: tuple[str, httpx.Response] | None = None
         failures: list[str] = []
         pending = set(asks)
@@ -214,8 +250,8 @@ class Fleet:
                 for ask in done:
                     try:
                         response = ask.result()
-                    except httpx.HTTPError as exc:
-                        failures.append(f"{asks[ask]} ({type(exc).__name__})")
+                    except (httpx.HTTPError, PeerUnavailable) as exc:
+                        failures.append(f"{asks[ask]} ({_why(exc)})")
                         continue
                     if response.status_code == 200 and found is None:
                         found = asks[ask], response
@@ -235,16 +271,30 @@ class Fleet:
         return found, failures
 
 
-def _passed_back(answer: httpx.Response) -> Response:
-    """A peer's open answer as this worker's own: status, headers and bytes unchanged."""
-    headers = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_PASSED_BACK}
+def _segment(value: str) -> str:
+    """``value`` as one percent-quoted path segment (see :func:`plain_segment`)."""
+    if not plain_segment(value):
+        raise ValueError("An id sent to a peer must be a single plain path segment")
+    return quote(value, safe="")
 
-    async def body() -> AsyncIterator[bytes]:
+
+def _why(exc: BaseException) -> str:
+    """Why a peer was not asked, for the log (no text of the exception's own)."""
+    return str(exc) if isinstance(exc, PeerUnavailable) else type(exc).__name__
+
+
+class _PassedBack(StreamingResponse):
+    """A peer's open answer as this worker's own: status, headers and bytes unchanged. The
+    answer is closed (its slot freed) however this one ends: sent, cut short, or not sent."""
+
+    def __init__(self, answer: httpx.Response) -> None:
+        headers = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_PASSED_BACK}
+        super().__init__(answer.aiter_raw(), status_code=answer.status_code, headers=headers)
+        self._answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            async for chunk in answer.aiter_raw():
-                yield chunk
+            await super().__call__(scope, receive, send)
         finally:  # also when the client went away mid-way
             with contextlib.suppress(Exception):
-                await answer.aclose()
-
-    return StreamingResponse(body(), status_code=answer.status_code, headers=headers)
+                await self._answer.aclose()

@@ -38,6 +38,7 @@ from .auth import check_bearer
 from .fleet import Fleet
 from .heartbeat import HeartbeatResponse, ended_within
 from .openapi import EXECUTE_RESPONSES, MANIFEST_BODY, multipart_body
+from .peers import plain_segment
 from .staging import bind_inputs, stage_multipart
 
 if TYPE_CHECKING:
@@ -165,6 +166,8 @@ def _deliver(state: WorkerState, job: Job, *, polled: bool = False) -> Response:
 @protected.get("/v1/jobs/{job_id}")
 async def poll_job(job_id: str, request: Request) -> Response:
     """A queued or running job's state; once it ended, its bundle (or failure), once."""
+    if not plain_segment(job_id):  # no job has such an id; a peer would read another path
+        raise NotFound("Unknown job: a job id is a single plain path segment, never . or ..")
     state = _state(request)
     job = state.jobs.get(job_id)
     if job is None:
@@ -287,6 +290,8 @@ async def mount_cache_probe(request: Request) -> JSONResponse:
 async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     """Stop an in-flight execution of ``build_id``; its kernel is retired. One that runs
     nowhere here may run on a peer: they are asked too (see .fleet)."""
+    if not plain_segment(build_id):  # a peer would read another path
+        raise BadRequest("A build id is a single plain path segment, never . or ..")
     cancelled = _state(request).cancel(build_id)
     fleet: Fleet = request.app.state.fleet
     if not cancelled and fleet.forwards(request):
