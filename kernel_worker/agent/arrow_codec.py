@@ -447,29 +447,25 @@ def scalar_of(table: Table) -> object:
 
 
 def write_json_table(value: Value, path: Path) -> dict[str, object]:
-    """Store a pandas value Arrow rejected as the tagged JSON table document."""
+    """Store a pandas value Arrow rejected as the tagged JSON table document.
+
+    A value this cannot read either (a cell whose ``__str__`` raises) raises: the variable
+    is reported as an error, never stored as an empty table.
+    """
+    import pandas as pd
+
+    is_series = isinstance(value, pd.Series)
+    frame = value.to_frame() if is_series else value
+    columns = [jsonable(c) for c in frame.columns]
+    rows = [[jsonable(x) for x in r] for r in frame.itertuples(index=False, name=None)]
     document: dict[str, object] = {
         JSON_TABLE_FLAG: True,
         "format": JSON_TABLE_FORMAT,
-        "kind": "dataframe",
-        "columns": [],
-        "data": [],
-        "series_name": None,
+        "kind": "series" if is_series else "dataframe",
+        "columns": columns,
+        "data": rows,
+        "series_name": jsonable(value.name) if is_series else None,
     }
-    columns: list[object] = []
-    rows: list[list[object]] = []
-    try:
-        import pandas as pd
-
-        is_series = isinstance(value, pd.Series)
-        frame = value.to_frame() if is_series else value
-        columns = [jsonable(c) for c in frame.columns]
-        rows = [[jsonable(x) for x in r] for r in frame.itertuples(index=False, name=None)]
-        document["kind"] = "series" if is_series else "dataframe"
-        document["columns"], document["data"] = columns, rows
-        document["series_name"] = jsonable(value.name) if is_series else None
-    except Exception:
-        columns, rows = [], []
     with removed_on_error(path), open(path, "w", encoding="utf-8") as f:
         json.dump(document, f)
     return {

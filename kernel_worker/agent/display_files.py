@@ -25,7 +25,6 @@ the same bytes one file (a hard link): the worker stores that file once in the b
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import os
@@ -36,7 +35,9 @@ from typing import Any
 from .archives import size_text
 from .plan import DisplayLimits, RunPlan
 
-__all__ = ["MARKER", "SPILL_BYTES", "checked", "install", "note", "over", "reason"]
+__all__ = [
+    "MARKER", "SPILL_BYTES", "base64_bytes", "checked", "install", "note", "over", "reason"
+]
 
 MARKER = "strata_kernel_worker"
 """The metadata key of what this module did to a display (read by the worker)."""
@@ -236,10 +237,9 @@ def _bytes_of(mime: str, value: object) -> bytes | None:
             return bytes(value)
         return base64.b64encode(value)  # how the kernel's JSON sends bytes of a text format
     if mime in _BINARY and isinstance(value, str):
-        try:
-            return base64.b64decode(value)
-        except (binascii.Error, ValueError):
-            pass
+        raw = base64_bytes(value)
+        if raw is not None:
+            return raw
     if isinstance(value, list) and all(isinstance(item, str) for item in value):
         value = "".join(value)
     if isinstance(value, str):
@@ -247,6 +247,17 @@ def _bytes_of(mime: str, value: object) -> bytes | None:
     try:
         return json.dumps(value, indent=2, allow_nan=False).encode("utf-8")
     except (TypeError, ValueError):  # the kernel's own JSON cleaning knows more types
+        return None
+
+
+def base64_bytes(text: str) -> bytes | None:
+    """The bytes ``text`` holds in base64, or None when it is not base64 (a repr method's
+    own text, kept as it came). Line breaks are allowed, as base64 encoders wrap lines;
+    anything else outside the alphabet means text: a lenient decode would drop it and turn
+    the rest into bytes."""
+    try:
+        return base64.b64decode(text.replace("\r", "").replace("\n", ""), validate=True)
+    except ValueError:  # binascii.Error is one; so is text that is not ASCII
         return None
 
 

@@ -10,14 +10,12 @@ broke loses the displays (told as a :class:`~.layout.Damage`), never the run.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..agent.display_files import EXTENSIONS
+from ..agent.display_files import EXTENSIONS, base64_bytes
 from ..errors import storage_checked
 from . import displays as display_limits
 from . import files as run_files
@@ -96,10 +94,9 @@ def _mime_bytes(mime: str, value: object) -> bytes:
     a binary type's base64 is decoded, and one that is not base64 (a repr method's own
     text) is kept as the text it came as."""
     if mime in _BINARY_MIME and isinstance(value, str):
-        try:
-            return base64.b64decode(value)
-        except binascii.Error:
-            pass
+        raw = base64_bytes(value)
+        if raw is not None:
+            return raw
     if isinstance(value, list) and all(isinstance(v, str) for v in value):
         value = "".join(value)
     if isinstance(value, str):
