@@ -4,7 +4,7 @@ A cell imports its library the way notebooks do, uses it (a fit, a plot, a query
 progress bar, a display), and binds ``warm`` to the id of the library's module and ``pid``
 to the kernel's process id. Run twice on a one-kernel pool, both must match: the kernel
 was reset and kept, not retired, and the second import found the module already loaded.
-The test suite asserts it for every library (``tests/test_library_matrix.py``); the
+The test suite asserts it for every library (``tests/worker/test_library_matrix.py``); the
 benchmark counts retirements and times the second run per library (``--cases libraries``).
 """
 

@@ -11,7 +11,7 @@ Meanwhile a chaos task SIGKILLs a random kernel every 0.5-1 s. Writes
 every problem found) and ``bench/results/soak.png`` (RSS and latency over time). Exits 1 when
 any answer was wrong or anything leaked.
 
-``tests/test_chaos.py`` runs the same mix (:func:`run_mix`) for a bounded number of requests.
+``tests/system/test_chaos.py`` runs the same mix (:func:`run_mix`) for a bounded number of requests.
 Every loop here is bounded by a count and a deadline; the worker binds 127.0.0.1 and is
 stopped by PID (its kernels too).
 """

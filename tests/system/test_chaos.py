@@ -18,7 +18,7 @@ directory is empty, and (at stop) no kernel process seen during the run outlives
 the 10 kills the test requires even when the requests go fast (every killed kernel costs a
 start plus pandas and matplotlib imports again; 1,000 took 22 s once and saw 9 kills). The
 issue's 2,000 take a third longer; ``CHAOS_REQUESTS=2000 python -m pytest
-tests/test_chaos.py`` runs them.
+tests/system/test_chaos.py`` runs them.
 """
 
 from __future__ import annotations

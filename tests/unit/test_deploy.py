@@ -1,5 +1,5 @@
 """The deployment files parse, and their commands, flags and ports match the CLI
-(deploy/kubernetes: tests/test_kubernetes_manifests.py)."""
+(deploy/kubernetes: tests/worker/test_kubernetes_manifests.py)."""
 
 from __future__ import annotations
 

@@ -218,7 +218,7 @@ def test_preload_that_fails_on_restart(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """Spawned kernels run the preload each (a forked one never runs it again: see
-    tests/test_template.py)."""
+    tests/pool/test_template.py)."""
     folder = tmp_path_factory.mktemp("fragile")
     weights = folder / "weights.txt"
     weights.write_text("1")
