@@ -33,8 +33,9 @@ from kernel_pool import (
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 from kernel_pool.shipping import INKERNEL, load_code
 from tests.conftest import alive, start_worker, wait_gone
-from tests.pool.test_pool import run, settle
+from tests.pool.test_pool import run, running, settle
 from tests.setups import kernel_setup
+from tests.waiting import wait_until
 from tests.wire import run_ok
 
 
@@ -180,11 +181,9 @@ async def test_spawned_kernels_interrupt_and_run() -> None:
                 await run(lease, "import sys; print(sys.argv[0].endswith('ipykernel_launcher.py'))")
                 == "True\n"
             )
-            task = asyncio.ensure_future(run(lease, "import time\ntime.sleep(30)"))
-            await asyncio.sleep(0.5)
+            task = await running(lease, "import time\ntime.sleep(30)")
             await lease.interrupt()
-            with pytest.raises(AssertionError, match="KeyboardInterrupt"):
-                await task
+            assert (await task).reply.get("ename") == "KeyboardInterrupt"
             assert await run(lease, "print('still here')") == "still here\n"
 
 
@@ -194,7 +193,8 @@ async def test_losing_the_fork_server_loses_no_kernel() -> None:
         kernels = kernel_pids(pool)
         os.kill(server.pid, signal.SIGKILL)
         server.wait(10)
-        await asyncio.sleep(1.5)  # past the kernels' lifeline and parent-poller periods
+        # time passing is the point: past the kernels' lifeline and parent-poller periods
+        await asyncio.sleep(1.5)
         assert kernel_pids(pool) == kernels and all(alive(pid) for pid in kernels)
         async with pool.lease() as lease:
             assert await run(lease, "print('still warm')") == "still warm\n"
@@ -276,7 +276,8 @@ async def test_a_fork_cancelled_while_forking_is_killed_with_no_later_request(
     try:
         deadline = time.monotonic() + 30
         forking = asyncio.ensure_future(_spawn(server, Path(marker), deadline))
-        await asyncio.sleep(0.05)  # the request is sent; the fork server is forking
+        # the moment is the case under test: the request is sent, the fork server forking
+        await asyncio.sleep(0.05)
         forking.cancel()
         with pytest.raises(asyncio.CancelledError):
             await forking
@@ -382,11 +383,13 @@ def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path:
     """The pool's process is killed while its kernel runs a slow per-kernel stage: the
     kernel, adopted by another process before its lifeline started, still exits (it watched
     its new parent, for good)."""
+    in_init = tmp_path / "in-kernel-init"
+    kernel_init = f"open({str(in_init)!r}, 'w').close()\nimport time\ntime.sleep(3)"
     script = (
         "import asyncio\n"
         "from kernel_pool import KernelKind, Pool, PoolConfig\n"
         f"config = PoolConfig(size=1, runtime_dir={str(tmp_path)!r},\n"
-        "                    kind=KernelKind(kernel_init='import time\\ntime.sleep(3)'))\n"
+        f"                    kind=KernelKind(kernel_init={kernel_init!r}))\n"
         "asyncio.run(Pool(config).start())\n"
     )
     owner = subprocess.Popen([sys.executable, "-c", script])
@@ -400,7 +403,7 @@ def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path:
                 if "ipykernel" in _cmdline(p)  # (a go-between may be a zombie a moment)
             ]  # fmt: skip
             time.sleep(0.05)
-        time.sleep(0.5)
+        wait_until(in_init.exists, 20, "the kernel did not reach its kernel_init")
         owner.kill()
         owner.wait(10)
         wait_gone(kernels, 15, "a kernel outlived the pool that was starting it")

@@ -14,11 +14,13 @@ from pathlib import Path
 import pytest
 
 from kernel_pool import (
+    ExecuteResult,
     ExecutionTimeout,
     KernelDied,
     KernelKind,
     KernelStartError,
     Lease,
+    Output,
     Pool,
     PoolBusy,
     PoolConfig,
@@ -27,6 +29,7 @@ from kernel_pool import (
 )
 from tests.conftest import alive
 from tests.setups import kernel_setup
+from tests.waiting import eventually
 
 
 def stdout_of(result: object) -> str:
@@ -38,6 +41,30 @@ async def run(lease: Lease, code: str, timeout: float = 20.0, *, last: bool = Fa
     result = await lease.execute(code, deadline=time.monotonic() + timeout, last=last)
     assert result.ok, result.reply
     return stdout_of(result)
+
+
+async def running(lease: Lease, code: str, timeout: float = 30.0) -> asyncio.Future[ExecuteResult]:
+    """Start ``code`` on ``lease`` and return once it is running (it has printed a line
+    first), as the task that ends with its result."""
+    started = asyncio.Event()
+
+    def seen(output: Output) -> None:
+        if output.msg_type == "stream":
+            started.set()
+
+    cell = f"print('running', flush=True)\n{code}"
+    task = asyncio.ensure_future(
+        lease.execute(cell, deadline=time.monotonic() + timeout, on_output=seen)
+    )
+    waiter = asyncio.ensure_future(started.wait())
+    try:
+        await asyncio.wait([task, waiter], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+    if not started.is_set():
+        task.cancel()
+        raise AssertionError(f"the cell did not start running: {task}")
+    return task
 
 
 @pytest.fixture(params=[False, True], ids=["reset-after-lease", "reset-with-last-cell"])
@@ -294,10 +321,7 @@ async def test_external_sigkill_mid_cell(pool: Pool) -> None:
     async with pool.lease() as lease:
         pid = lease.pid
         assert pid is not None
-        task = asyncio.ensure_future(
-            lease.execute("import time\ntime.sleep(20)", deadline=time.monotonic() + 30)
-        )
-        await asyncio.sleep(0.3)
+        task = await running(lease, "import time\ntime.sleep(20)")
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(KernelDied):
             await asyncio.wait_for(task, 3)
@@ -342,7 +366,7 @@ async def test_two_leases_never_share_and_third_waits() -> None:
                 async with pool.lease(wait_seconds=0.2):
                     pass
             waiter = asyncio.ensure_future(_lease_id(pool))
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # time passing is the point: the waiter gets nothing yet
             assert not waiter.done()
             released = a.kernel_id
         assert await asyncio.wait_for(waiter, 10) in {released, b.kernel_id}
@@ -430,12 +454,16 @@ async def test_kernel_folders_are_private_and_removed(fork_server: bool) -> None
 
 
 async def test_cancelled_lease_retires_the_kernel(pool: Pool) -> None:
-    async def hold() -> None:
-        async with pool.lease() as lease:
-            await lease.execute("import time\ntime.sleep(20)", deadline=time.monotonic() + 30)
+    cell_running = asyncio.Event()
 
-    task = asyncio.ensure_future(hold())
-    await asyncio.sleep(0.5)
+    async def hold_until_running() -> None:
+        async with pool.lease() as lease:
+            cell = await running(lease, "import time\ntime.sleep(20)")
+            cell_running.set()
+            await cell
+
+    task = asyncio.ensure_future(hold_until_running())
+    await asyncio.wait_for(cell_running.wait(), 30)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -453,6 +481,7 @@ async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
             lease.retire()
         # break kernel starts from now on: the refill must fail, back off and report it
         object.__setattr__(pool.config, "kind", KernelKind(kernel_name="fails-to-start"))
+        # time passing is what is under test: with back-off, 2 s hold only a few failures
         await asyncio.sleep(2.0)
         stats = pool.stats()
         assert 1 <= stats.start_failures <= 8
@@ -466,10 +495,14 @@ async def test_each_retired_kernel_is_replaced_at_once() -> None:
     slow = "import time\ndef install(shell, hooks):\n    time.sleep(2.0)\n"
     config = PoolConfig(size=3, setup=kernel_setup(slow))
     async with Pool(config) as pool:
-        for _ in range(2):
+        for retired in (1, 2):
             async with pool.lease() as lease:
                 lease.retire()
-            await asyncio.sleep(0.4)
+            await eventually(
+                lambda n=retired: pool.stats().kernels_by_state["starting"] >= n,
+                30,
+                "no replacement started",
+            )
         states = pool.stats().kernels_by_state
         assert states["starting"] == 2, states
         assert states["idle"] == 1, states

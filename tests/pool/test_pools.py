@@ -81,7 +81,7 @@ async def test_a_new_pool_waits_for_a_used_one_to_become_idle() -> None:
     try:
         async with pools.lease(kind("a")) as held:
             waiting = asyncio.ensure_future(_mark_of(pools, "b"))
-            await asyncio.sleep(1.0)  # b cannot start while a is leased
+            await asyncio.sleep(1.0)  # time passing is the point: b does not start while a is held
             assert not waiting.done() and "a" in pools.pools()
             assert await run(held, MARK) == "a\n"
         assert await asyncio.wait_for(waiting, 60) == "b\n"

@@ -653,7 +653,7 @@ async def test_a_timer_a_cell_left_does_not_fire_in_a_later_request(pool: Pool) 
             "signal.setitimer(signal.ITIMER_REAL, 0.3)\n"
         ), last=True)  # fmt: skip
     await settle(pool, idle=1)
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(0.6)  # time passing is the point: past the timer, which must not fire
     async with pool.lease() as lease:
         assert lease.kernel_id == first
         assert await run(lease, "print('alive')") == "alive\n"
@@ -797,7 +797,7 @@ async def test_an_idle_kernel_still_ignores_sigint_after_a_reset(pool: Pool) -> 
         await run(lease, "x = 1", last=True)
     await settle(pool, idle=1)
     os.kill(pool.kernel_pids()[first], signal.SIGINT)
-    await asyncio.sleep(0.3)
+    await asyncio.sleep(0.3)  # time passing is the point: the signal is delivered, and ignored
     async with pool.lease() as lease:
         assert lease.kernel_id == first
         assert await run(lease, "print('still here')") == "still here\n"
