@@ -25,6 +25,7 @@ from .cancellation import cancel_and_wait
 from .errors import Cancelled, WorkerBusy, WorkerError
 from .protocol.streaming import BundleStream
 from .runs.directory import RunDir
+from .runs.live import LiveConsole
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,13 @@ class Execution:
     cancel: asyncio.Event = field(default_factory=asyncio.Event)
     stoppable: bool = True
     """False once a cancel would stop nothing (a pull run delivering its finished bundle)."""
+    admitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    """When it got its kernel (monotonic), once it has."""
+    phase: str | None = None
+    """What it waits on before its kernel, said to whoever polls (``building environment``)."""
+    console: LiveConsole = field(default_factory=LiveConsole)
+    """The tail of its console while it runs, for ``GET /v1/executions/{id}/console``."""
 
 
 class JobState(enum.Enum):
@@ -76,6 +84,7 @@ class Job:
 
     def mark_running(self) -> None:
         self.state = JobState.RUNNING
+        self.execution.started_at = time.monotonic()
         self.started.set()
 
     def mark_provisioning(self, provisioning: bool) -> None:

@@ -44,6 +44,8 @@ def _type_name(name: str | None) -> str:
 
 
 CANCELLED_DETAIL = "execution was cancelled"
+BUILDING_ENVIRONMENT = "building environment"
+"""The phase of an execution whose locked environment is being built (or looked up)."""
 AfterCell = Callable[[CellOutcome], Awaitable[CellOutcome]]
 """Adjusts a finished cell's outcome before it is bundled (e.g. files sent elsewhere)."""
 IN_MEMORY_BUNDLE_BYTES = 1024 * 1024
@@ -59,8 +61,9 @@ def submit(state: WorkerState, cell: CellRequest, run_dir: RunDir) -> Job:
     async def work(execution: Execution, job: Job) -> JobResult:
         deliver = in_memory_or_streamed(state.metrics.bytes_out.inc)
         return await execute_to_bundle(
-            state, cell, run_dir, execution, deliver, on_start=job.mark_running
-        )
+            state, cell, run_dir, execution, deliver,
+            console=execution.console.append, on_start=job.mark_running,
+        )  # fmt: skip
 
     return submit_work(state, cell.build_id, run_dir, work)
 
@@ -106,7 +109,7 @@ async def execute_to_bundle(
 
     async def body() -> _T:
         # the environment is built (or found) before a kernel is held: not in the cell's time
-        prepared = await _prepared_environment(state, cell)
+        prepared = await _prepared_environment(state, cell, execution)
         kind = prepared.kind if prepared is not None else None
         # remote data is fetched before a kernel is held, and synced back after it is free
         mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
@@ -181,15 +184,20 @@ def to_file(
     return deliver
 
 
-async def _prepared_environment(state: WorkerState, cell: CellRequest) -> PreparedKind | None:
+async def _prepared_environment(
+    state: WorkerState, cell: CellRequest, execution: Execution
+) -> PreparedKind | None:
     """The locked environment ``cell`` runs in, built first where needed, and its kind of
-    kernel; ``None`` for the worker's own environment."""
+    kernel; ``None`` for the worker's own environment. A poll meanwhile says so (phase)."""
     if cell.environment is None:
         return None
+    execution.phase = BUILDING_ENVIRONMENT
     try:
         return await state.environments.prepare(cell.environment)
     except LockedEnvironmentError as exc:
         raise EnvironmentFailed(str(exc)) from None
+    finally:
+        execution.phase = None
 
 
 @contextlib.contextmanager

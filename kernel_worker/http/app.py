@@ -39,6 +39,7 @@ from .health import router as health_router
 from .lifespan import lifespan
 from .openapi import OPENAPI_COMPONENTS
 from .routes import execute_v1, notebook_execute, router
+from .watch import watch_router
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +208,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.fleet = fleet
     app.include_router(health_router)
     app.include_router(router)
+    app.include_router(watch_router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_exception_handler(WorkerError, _worker_error_handler)
     # the hot endpoints skip the router (the routes stay registered: schema, docs)

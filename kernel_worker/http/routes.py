@@ -179,6 +179,9 @@ async def poll_job(job_id: str, request: Request) -> Response:
     if job.done.is_set():
         return _deliver(state, job, polled=True)
     body: dict[str, object] = {"state": job.state.value}
+    if job.execution.phase is not None:  # e.g. building its locked environment
+        body["phase"] = job.execution.phase
+        body["detail"] = job.execution.phase  # what Strata's client shows of a queued job
     position = state.jobs.position(job)
     if position is not None:
         body["position"] = position
