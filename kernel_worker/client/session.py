@@ -17,6 +17,12 @@ DataFrame goes as Arrow IPC and comes back a DataFrame. Outputs are decoded only
 decoding a ``pickle/object`` output unpickles it, so read outputs only from workers you trust
 as much as the code you send them.
 
+A worker that answers ``503`` with ``Retry-After`` (all its executions taken, or shutting
+down) is waited out and sent the cell again, within the same deadline as a queued cell; each
+wait is logged (logger ``kernel_worker.client``) and reported to ``on_progress``, which also
+hears, about once a second, how a queued or running cell is getting on (see
+:mod:`kernel_worker.client.progress`).
+
 Everything it raises on purpose is a ``ClientError``: the tree is drawn in
 :mod:`kernel_worker.client.errors`, and every class is importable from here.
 """
@@ -26,9 +32,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 
 import httpx
@@ -42,6 +50,13 @@ from .errors import (
     ProtocolError,
     RequestFailed,
     WorkerUnreachable,
+)
+from .progress import (
+    WATCH_INTERVAL_SECONDS,
+    ConsoleWatch,
+    Progress,
+    ProgressCallback,
+    busy_wait,
 )
 from .values import (
     CellResult,
@@ -65,6 +80,7 @@ __all__ = [
     "InputEncodingError",
     "OutputDecodingError",
     "Outputs",
+    "Progress",
     "ProtocolError",
     "RequestFailed",
     "WorkerUnreachable",
@@ -77,6 +93,8 @@ _NOTEBOOK_PROTOCOL = "notebook-cell-v1"
 _TRANSFORM_REF = "notebook_cell@v1"
 _PENDING_STATES = frozenset({"queued", "provisioning", "starting", "running"})
 _CANCEL_TIMEOUT_SECONDS = 5.0
+_WATCH_TIMEOUT_SECONDS = 2.0
+log = logging.getLogger("kernel_worker.client")
 
 
 # ---- the exchange, without I/O -------------------------------------------------------
@@ -250,12 +268,21 @@ class _ClientBase:
         token: str | None = None,
         timeout_seconds: float = 30.0,
         queue_timeout_seconds: float = 600.0,
+        on_progress: ProgressCallback | None = None,
     ) -> None:
         self.base_url = _base_url(url)
         self.timeout_seconds = timeout_seconds
         self.queue_timeout_seconds = queue_timeout_seconds
+        self.on_progress = on_progress
         self._headers = _headers(token)
         self._connect()
+
+    def _busy(self, watch: ConsoleWatch, response: httpx.Response, wait: float) -> None:
+        """Say that the worker is busy and when the cell is sent again."""
+        detail = _detail(response)
+        log.warning("the worker is busy (503: %s); sending again in %gs", detail, wait)
+        if self.on_progress is not None:
+            self.on_progress(Progress("busy", watch.elapsed(), detail, retry_in_seconds=wait))
 
     def _connect(self) -> None:
         raise NotImplementedError
@@ -282,7 +309,9 @@ class Client(_ClientBase):
     *url* is the worker's root (``http://127.0.0.1:9000``) or the execute URL a Strata
     notebook uses (``…/v1/execute``); *token* is sent as a bearer token. A cell's timeout
     defaults to *timeout_seconds*; a queued cell (``202``) is waited for up to
-    *queue_timeout_seconds* more, then cancelled.
+    *queue_timeout_seconds* more, then cancelled; a busy worker (``503`` with
+    ``Retry-After``) is sent the cell again within that time. *on_progress*, when given, is
+    called with a :class:`Progress` while a cell waits or runs (from a background thread).
     """
 
     _http: httpx.Client
@@ -328,20 +357,61 @@ class Client(_ClientBase):
         return parse_bundle(body, time.perf_counter() - started)
 
     def _exchange(self, request: _Request) -> bytes:
-        with _translated("POST /v1/execute"):
-            response = self._http.post(
-                _EXECUTE_PATH[1:], files=request.files, timeout=request.http_timeout_seconds
-            )
-        answer = _answer(response, self.base_url)
-        if isinstance(answer, bytes):
-            return answer
-        for delay in _poll_delays(request.deadline):
-            time.sleep(delay)  # the protocol's job polling: the worker cannot push
-            with _translated("polling the job"):
-                bundle = _poll_answer(self._http.get(answer, timeout=30.0))
-            if bundle is not None:
-                return bundle
+        watch = ConsoleWatch(request.build_id)
+        with self._watching(watch):
+            answer = _answer(self._post(request, watch), self.base_url)
+            if isinstance(answer, bytes):
+                return answer
+            for delay in _poll_delays(request.deadline):
+                time.sleep(delay)  # the protocol's job polling: the worker cannot push
+                with _translated("polling the job"):
+                    bundle = _poll_answer(self._http.get(answer, timeout=30.0))
+                if bundle is not None:
+                    return bundle
         raise _past_deadline()
+
+    def _post(self, request: _Request, watch: ConsoleWatch) -> httpx.Response:
+        """POST the cell; a busy worker's 503 is waited out (bounded) and sent again."""
+        while True:
+            with _translated("POST /v1/execute"):
+                response = self._http.post(
+                    _EXECUTE_PATH[1:], files=request.files, timeout=request.http_timeout_seconds
+                )
+            wait = busy_wait(response, request.deadline)
+            if wait is None:
+                return response
+            self._busy(watch, response, wait)
+            time.sleep(wait)
+
+    @contextlib.contextmanager
+    def _watching(self, watch: ConsoleWatch) -> Iterator[None]:
+        """Report progress from a thread while the cell is waited for (with *on_progress*)."""
+        if self.on_progress is None:
+            yield
+            return
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=self._watch, args=(watch, self.on_progress, stop), daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    def _watch(self, watch: ConsoleWatch, report: ProgressCallback, stop: threading.Event) -> None:
+        with httpx.Client(
+            base_url=self.base_url, headers=self._headers, timeout=_WATCH_TIMEOUT_SECONDS
+        ) as http:
+            while not stop.wait(WATCH_INTERVAL_SECONDS):
+                try:
+                    response: httpx.Response | None = http.get(watch.path, params=watch.offsets)
+                except httpx.HTTPError:
+                    response = None
+                if stop.is_set():  # answered meanwhile: the result says the rest
+                    return
+                report(watch.report(response))
 
 
 class AsyncClient(_ClientBase):
@@ -393,20 +463,55 @@ class AsyncClient(_ClientBase):
         return await asyncio.to_thread(parse_bundle, body, time.perf_counter() - started)
 
     async def _exchange(self, request: _Request) -> bytes:
-        with _translated("POST /v1/execute"):
-            response = await self._http.post(
-                _EXECUTE_PATH[1:], files=request.files, timeout=request.http_timeout_seconds
-            )
-        answer = _answer(response, self.base_url)
-        if isinstance(answer, bytes):
-            return answer
-        for delay in _poll_delays(request.deadline):
-            await asyncio.sleep(delay)  # the protocol's job polling: the worker cannot push
-            with _translated("polling the job"):
-                bundle = _poll_answer(await self._http.get(answer, timeout=30.0))
-            if bundle is not None:
-                return bundle
+        watch = ConsoleWatch(request.build_id)
+        async with self._watching(watch):
+            answer = _answer(await self._post(request, watch), self.base_url)
+            if isinstance(answer, bytes):
+                return answer
+            for delay in _poll_delays(request.deadline):
+                await asyncio.sleep(delay)  # the protocol's job polling: the worker cannot push
+                with _translated("polling the job"):
+                    bundle = _poll_answer(await self._http.get(answer, timeout=30.0))
+                if bundle is not None:
+                    return bundle
         raise _past_deadline()
+
+    async def _post(self, request: _Request, watch: ConsoleWatch) -> httpx.Response:
+        """As :meth:`Client._post`."""
+        while True:
+            with _translated("POST /v1/execute"):
+                response = await self._http.post(
+                    _EXECUTE_PATH[1:], files=request.files, timeout=request.http_timeout_seconds
+                )
+            wait = busy_wait(response, request.deadline)
+            if wait is None:
+                return response
+            self._busy(watch, response, wait)
+            await asyncio.sleep(wait)
+
+    @contextlib.asynccontextmanager
+    async def _watching(self, watch: ConsoleWatch) -> AsyncIterator[None]:
+        """Report progress from a task while the cell is waited for (with *on_progress*)."""
+        if self.on_progress is None:
+            yield
+            return
+        task = asyncio.ensure_future(self._watch(watch, self.on_progress))
+        try:
+            yield
+        finally:
+            task.cancel()
+            await asyncio.wait([task])
+
+    async def _watch(self, watch: ConsoleWatch, report: ProgressCallback) -> None:
+        while True:
+            await asyncio.sleep(WATCH_INTERVAL_SECONDS)
+            try:
+                response: httpx.Response | None = await self._http.get(
+                    watch.path, params=watch.offsets, timeout=_WATCH_TIMEOUT_SECONDS
+                )
+            except httpx.HTTPError:
+                response = None
+            report(watch.report(response))
 
     async def _cancel(self, request: _Request) -> None:
         with contextlib.suppress(httpx.HTTPError):

@@ -250,6 +250,8 @@ class CellResult:
     #: From sending the request to holding the whole bundle, as this client saw it.
     round_trip_seconds: float
     manifest: Mapping[str, object] = field(repr=False)
+    #: Every file of the bundle by its path in it (what the manifest's ``file`` fields name).
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)
 
     def raise_for_error(self) -> CellResult:
         """Raise :class:`CellError` if the cell raised; return the result otherwise."""
@@ -308,6 +310,7 @@ def parse_bundle(body: bytes, round_trip_seconds: float) -> CellResult:
         duration_seconds=duration_ms / 1000 if isinstance(duration_ms, int | float) else None,
         round_trip_seconds=round_trip_seconds,
         manifest=manifest,
+        files=members,
     )
 
 
