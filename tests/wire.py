@@ -146,6 +146,23 @@ class Background:
         return self._answer[0]
 
 
+def running_cell(source: str, build_id: str) -> dict[str, Any]:
+    """A cell's metadata that prints ``running`` first (see :func:`wait_running`)."""
+    return v1_metadata(f"print('running', flush=True)\n{source}") | {"build_id": build_id}
+
+
+def wait_running(client: httpx.Client, build_id: str, seconds: float = 15.0) -> None:
+    """Wait (bounded) until the cell of ``build_id`` (sent with :func:`running_cell`'s
+    metadata) runs on its kernel: its console shows the line it printed first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        console = client.get(f"/v1/executions/{build_id}/console")
+        if console.status_code == 200 and "running" in console.json()["stdout"]["text"]:
+            return
+        assert time.monotonic() < deadline, f"the cell never ran: {console.text}"
+        time.sleep(0.02)
+
+
 def wait_active(client: httpx.Client, count: int = 1, seconds: float = 10.0) -> None:
     """Wait (bounded) until the worker has ``count`` executions admitted."""
     deadline = time.monotonic() + seconds

@@ -238,7 +238,7 @@ def test_preload_that_fails_on_restart(
                 time.sleep(0.05)
             # the surviving kernel keeps serving; the refill backs off instead of spinning
             assert run_ok(client, "v = model").variables["v"]["preview"] == "1"
-            time.sleep(1.0)
+            time.sleep(1.0)  # time passing is the point: a refill that spun would fail often
             assert client.get("/health").json()["pool"]["start_failures"] <= 4
     finally:
         w.stop()

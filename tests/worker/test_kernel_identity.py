@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.conftest import WorkerProcess, kernel_uid_unavailable, start_worker
-from tests.wire import execute, read_bundle, run_ok
+from tests.wire import execute, read_bundle, run_ok, running_cell, wait_running
 
 FIRST_UID = 31000
 UIDS = f"{FIRST_UID}-{FIRST_UID + 7}"
@@ -125,13 +125,10 @@ def test_a_cell_cannot_kill_or_take_over_a_sibling(isolated: WorkerProcess) -> N
 def test_a_cell_cannot_kill_a_kernel_running_another_request(isolated: WorkerProcess) -> None:
     with httpx.Client(base_url=isolated.url, timeout=60) as client:
         results: list[httpx.Response] = []
-        victim = threading.Thread(
-            target=lambda: results.append(
-                execute(client, "import time\ntime.sleep(2)\nvictim = 'finished'")
-            )
-        )
+        meta = running_cell("import time\ntime.sleep(2)\nvictim = 'finished'", "victim")
+        victim = threading.Thread(target=lambda: results.append(execute(client, "", metadata=meta)))
         victim.start()
-        time.sleep(0.5)  # the victim's cell is running on the other kernel
+        wait_running(client, "victim")  # the victim's cell is running on the other kernel
         run_ok(client, _TAKE_OVER)
         victim.join(30)
     bundle = read_bundle(results[0])

@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from tests.conftest import WorkerProcess, kernel_uid_unavailable, start_worker
-from tests.wire import Background, read_bundle, run_ok, wait_active
+from tests.wire import Background, read_bundle, run_ok, running_cell, wait_active, wait_running
 
 FIRST_UID = 32000  # apart from test_kernel_identity.py's range
 UIDS = f"{FIRST_UID}-{FIRST_UID + 7}"
@@ -287,9 +287,9 @@ reached = sorted(ports)
 
 def test_a_cell_cannot_reach_a_sibling_kernel_over_loopback_tcp(apart: WorkerProcess) -> None:
     with httpx.Client(base_url=apart.url, timeout=60) as c:
-        victim = Background(c, "import time\ntime.sleep(2)\nprint('victim done')")
-        wait_active(c)
-        time.sleep(0.3)  # the victim's cell is running on the other kernel
+        meta = running_cell("import time\ntime.sleep(2)\nprint('victim done')", "victim")
+        victim = Background(c, "", metadata=meta)
+        wait_running(c, "victim")  # the victim's cell is running on the other kernel
         uids = [({"name": "first", "format": "json/object"}, str(FIRST_UID).encode()),
                 ({"name": "last", "format": "json/object"}, str(FIRST_UID + 7).encode())]  # fmt: skip
         attacker = run_ok(c, _INJECT, uids).variables

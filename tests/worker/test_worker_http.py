@@ -25,8 +25,10 @@ from tests.wire import (
     first_block_stored,
     read_bundle,
     run_ok,
+    running_cell,
     v1_metadata,
     wait_active,
+    wait_running,
 )
 
 
@@ -745,15 +747,11 @@ def test_cancel_route_stops_a_running_build(client: httpx.Client) -> None:
     }  # fmt: skip
     before = _retired(client, "cancelled")
     result: dict[str, httpx.Response] = {}
-    meta = v1_metadata("import time\ntime.sleep(30)") | {"build_id": "notebook-abc123"}
+    meta = running_cell("import time\ntime.sleep(30)", "notebook-abc123")
     thread = threading.Thread(target=lambda: result.update(r=execute(client, "", metadata=meta)))
     started = time.monotonic()
     thread.start()
-    deadline = time.monotonic() + 10
-    while client.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:  # running
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
-    time.sleep(0.3)
+    wait_running(client, "notebook-abc123")
     answer = client.post("/v1/executions/notebook-abc123/cancel")
     assert answer.json() == {"build_id": "notebook-abc123", "cancelled": True}
     thread.join(20)
