@@ -18,7 +18,13 @@ import pytest
 
 from kernel_worker.client.session import Client, Progress
 from tests.conftest import ROOT, WorkerProcess, start_worker
-from tests.wire import Background, v1_metadata, wait_active
+from tests.envfixtures import (  # noqa: F401
+    counting_uv,
+    lock_project,
+    py312_fixture,
+    uv_fixture,
+)
+from tests.wire import Background, execute, read_bundle, v1_metadata, wait_active
 
 WAIT_FOR_FILE = (
     "import os, time\n"
@@ -224,3 +230,43 @@ def test_the_console_route_of_a_running_cell(single: WorkerProcess, tmp_path: Pa
             release.touch()
             assert request.response(60).status_code == 200
     assert _console(single, "watched-build").status_code == 404  # ended: nothing runs by it
+
+
+def test_a_build_says_what_it_is_doing(
+    tmp_path_factory: pytest.TempPathFactory, uv: str, py312: Path, tmp_path: Path
+) -> None:
+    """A cell waiting on its locked environment's build (held at a gate here): its job poll
+    and the console route name the phase; Strata's client shows the poll's ``detail``."""
+    project = lock_project(tmp_path / "p", uv, py312, "phase", ["idna==3.7"])
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    gate, counter = tmp_path / "gate", tmp_path / "syncs"
+    counting_uv(tools / "uv", uv, counter, gate=gate)  # `uv sync` waits for the gate
+    path = os.pathsep.join([str(tools), str(py312.parent), os.environ.get("PATH", "")])
+    worker = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--env-root", str(tmp_path / "envs"),
+        "--queue-wait", "1", env={"PATH": path},
+    )  # fmt: skip
+    try:
+        with httpx.Client(base_url=worker.url, timeout=600) as client:
+            cell = "import idna\nv = idna.__version__"
+            metadata = {**v1_metadata(cell, environment=project.raw()), "build_id": "built"}
+            waiting = execute(client, "", metadata=metadata)
+            assert waiting.status_code == 202, waiting.text
+            polled = client.get(waiting.json()["job_url"]).json()
+            assert polled["state"] == "queued"
+            assert polled["phase"] == polled["detail"] == "building environment"
+            watched = _console(worker, "built").json()
+            assert (watched["state"], watched["phase"]) == ("queued", "building environment")
+            gate.touch()
+            job_url = waiting.json()["job_url"]
+            for _ in range(6000):
+                answer = client.get(job_url)
+                if not answer.headers["content-type"].startswith("application/json"):
+                    break
+                assert "phase" not in answer.json() or answer.json()["state"] == "queued"
+                threading.Event().wait(0.1)
+            assert json.loads(read_bundle(answer).file("v")) == "3.7"
+    finally:
+        gate.touch()
+        worker.stop()
