@@ -16,6 +16,8 @@ from contextvars import ContextVar
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
+trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)
+"""The request's trace (hex), when tracing is on: its JSON log lines carry it."""
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 access_log = logging.getLogger("kernel_worker.access")
@@ -25,6 +27,7 @@ _log = logging.getLogger("kernel_worker")
 class _RequestIdFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = request_id.get()
+        record.trace_id = trace_id.get()
         return True
 
 
@@ -39,6 +42,9 @@ class JsonFormatter(logging.Formatter):
             "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
         }
+        trace = getattr(record, "trace_id", None)
+        if trace is not None:
+            entry["trace_id"] = trace
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry)
@@ -68,6 +74,7 @@ class RequestIdMiddleware:
         sent = dict(scope.get("headers") or []).get(b"x-request-id", b"").decode("latin-1")
         rid = sent if _VALID_ID.match(sent) else uuid.uuid4().hex
         token = request_id.set(rid)
+        traced = trace_id.set(None)  # a traced route sets it, for every line after
         started = time.monotonic()
         status = 500
         answered = False
@@ -101,4 +108,5 @@ class RequestIdMiddleware:
                 status,
                 (time.monotonic() - started) * 1000,
             )
+            trace_id.reset(traced)
             request_id.reset(token)

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TypeVar
 
-from kernel_pool import KernelStartError, PoolClosed
+from kernel_pool import KernelKind, KernelStartError, Lease, PoolClosed
 
 from .cancellation import unless_cancelled
 from .environments import LockedEnvironmentError
@@ -32,6 +32,9 @@ from .protocol.streaming import BundleStream
 from .runs.directory import SMALL_IO_BYTES, RunDir, offload
 from .runs.reuse import ReusableFiles, new_file
 from .state import WorkerState
+from .tracing import Attributes
+
+_UNTRACED = contextlib.nullcontext()
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +115,16 @@ async def execute_to_bundle(
         prepared = await _prepared_environment(state, cell, execution)
         kind = prepared.kind if prepared is not None else None
         # remote data is fetched before a kernel is held, and synced back after it is free
-        mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
+        with state.tracing.step("worker.mounts") if cell.mounts else _UNTRACED:
+            mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
+        waiting = state.tracing.begin("worker.lease")  # in the queue, until a kernel is ours
         try:
             async with state.pools.lease(kind) as lease:
+                waiting.end()
+                state.tracing.annotate(_kernel_attributes(state, lease, kind))
                 if on_start is not None:
                     on_start()
-                with _observed(state) as observe:
+                with _observed(state) as observe, state.tracing.step("worker.run_cell"):
                     outcome = await run_cell(
                         lease, cell, run_dir, state.context, console=console, mounts=mounted.paths
                     )
@@ -128,6 +135,8 @@ async def execute_to_bundle(
             raise WorkerBusy("Worker is shutting down") from None
         except KernelStartError as exc:  # only an environment's new pool starts at a lease
             raise EnvironmentFailed(f"its kernels could not start: {exc}") from None
+        finally:
+            waiting.end()
         if outcome.success:
             writes = await sync_back(cell.mounts, mounted) if cell.mounts else []
             outcome = replace(outcome, mount_bytes=dict(mounted.mount_bytes), mount_writes=writes)
@@ -141,8 +150,9 @@ async def execute_to_bundle(
         # a few small files on a memory-backed run dir: cheaper to bundle than to hand over
         inline = state.context.inline_io and not outcome.output_dirs
         level = state.settings.bundle_compresslevel
-        with storage_checked("the cell's bundle"):
+        with storage_checked("the cell's bundle"), state.tracing.step("worker.bundle") as span:
             plan = await offload(inline, plan_bundle, run_dir.root, outcome, level)
+            span.set("worker.bundle.payload_bytes", plan.payload)
             return await offload(inline and plan.payload <= SMALL_IO_BYTES, deliver, plan)
 
     # the cancel route or a client gone: the lease is cancelled, its kernel retired
@@ -193,7 +203,8 @@ async def _prepared_environment(
         return None
     execution.phase = BUILDING_ENVIRONMENT
     try:
-        return await state.environments.prepare(cell.environment)
+        with state.tracing.step("worker.environment"):
+            return await state.environments.prepare(cell.environment)
     except LockedEnvironmentError as exc:
         raise EnvironmentFailed(str(exc)) from None
     finally:
@@ -220,6 +231,19 @@ def _observed(state: WorkerState) -> Iterator[Callable[[str], None]]:
         raise
     finally:
         state.metrics.executions.labels(outcome).observe(time.monotonic() - started)
+        state.tracing.annotate({"worker.outcome": outcome})
+
+
+def _kernel_attributes(state: WorkerState, lease: Lease, kind: KernelKind | None) -> Attributes:
+    """The kernel a cell runs on, for its trace."""
+    return {
+        "worker.kernel.id": lease.kernel_id,
+        "worker.kernel.pid": lease.pid,
+        "worker.kernel.kind": (kind or state.pool.config.kind).name,
+        "worker.kernel.uses": lease.uses,
+        "worker.kernel.gpu_slot": lease.slot,
+        "worker.lease.wait_seconds": round(lease.wait_seconds, 6),
+    }
 
 
 async def execute_to_bundle_file(

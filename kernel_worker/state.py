@@ -17,6 +17,7 @@ from .errors import WorkerBusy
 from .execution import ExecutionContext
 from .jobs import Execution, JobQueue
 from .settings import Settings
+from .tracing import OFF, Tracing
 
 if TYPE_CHECKING:
     from .environments.kernels import LockedKernels
@@ -58,6 +59,8 @@ class WorkerState:
     startup_failure: str | None = None
     # the one client for pull-model transfers; opened and closed by the app's lifespan
     http_client: httpx.AsyncClient | None = None
+    tracing: Tracing = OFF
+    """Where requests' spans go (see :mod:`kernel_worker.tracing`); off by default."""
 
     @property
     def reusable_files(self) -> ReusableFiles | None:

@@ -16,14 +16,15 @@
 #
 # Environment:
 #   STRATA_INTEROP_BASE_PYTHON  the Python >= 3.12 to build from (default: searched for)
-#   STRATA_NOTEBOOK_SPEC        what to install (default: strata-notebook[notebook]==0.11.*)
+#   STRATA_NOTEBOOK_SPEC        what to install (default: strata-notebook[notebook,otel]==0.11.*;
+#                               otel: the client's traces, for the trace interop test)
 #
 # Only the interpreter path goes to stdout; progress goes to stderr. Exits non-zero, with
 # the reason, when no Python >= 3.12 is found or the install fails: it never hands back an
 # environment that cannot run the interop tests.
 set -euo pipefail
 
-SPEC="${STRATA_NOTEBOOK_SPEC:-strata-notebook[notebook]==0.11.*}"
+SPEC="${STRATA_NOTEBOOK_SPEC:-strata-notebook[notebook,otel]==0.11.*}"
 # uv: the interop test that drives the real `strata` CLI makes uv-created environments.
 PACKAGES=("$SPEC" "uv" "polars")
 STAMP_NAME=".strata-interop-stamp"
@@ -94,6 +95,10 @@ import polars  # noqa: F401
 import pyarrow  # noqa: F401
 import strata.notebook.executor  # noqa: F401
 import strata.notebook.remote_bundle  # noqa: F401
+
+if "otel" in sys.argv[1]:  # the client's tracing, and an OTLP/HTTP exporter for the test
+    import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+    import opentelemetry.sdk.trace  # noqa: F401
 
 requirement = Requirement(sys.argv[1])
 version = importlib.metadata.version(requirement.name)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 
 from kernel_pool import KernelKind, KernelSetup, PoolConfig, PoolSet, ShippedPackage
 
-from .. import __version__, agent
+from .. import __version__, agent, tracing
 from ..environments import EnvironmentStore, default_registry_url, default_root
 from ..environments.kernels import LockedKernels
 from ..errors import WorkerError, error_response
@@ -203,6 +203,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=__version__,
         description="The Strata notebook executor protocol v1, served from warm Jupyter kernels.",
         lifespan=lifespan,
+    )
+    state.tracing = tracing.from_environ(
+        environ, version=__version__, worker_id=settings.worker_id
     )
     app.state.worker = state
     app.state.fleet = fleet

@@ -65,6 +65,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             return
         settings = state.settings
         log.info("warm pool ready: %d kernel(s)", settings.pool_size + settings.spares)
+        if state.tracing.enabled:  # after the last job: its spans are sent too
+            stack.push_async_callback(asyncio.to_thread, state.tracing.shutdown)
         stack.push_async_callback(state.jobs.aclose)
         client = guarded_client(UrlPolicy(settings.allow_local_hosts, settings.allowed_hosts))
         stack.push_async_callback(client.aclose)

@@ -8,6 +8,7 @@ import logging
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager as ContextManager
 from typing import TYPE_CHECKING, TypeVar
 
 from fastapi import APIRouter, Depends, Request
@@ -29,11 +30,12 @@ from ..mounts.probe import cached_bytes
 from ..protocol.envelopes import CellRequest, parse_execute_v1, parse_notebook_execute
 from ..protocol.names import BUNDLE_HEADERS
 from ..protocol.streaming import BundleStream, BundleStreamResponse, watching_for_disconnect
-from ..pull.manifest import submit_manifest
+from ..pull.manifest import BuildManifest, read_manifest, submit_manifest
 from ..pull.transfers import declared_length
 from ..runs.directory import SMALL_IO_BYTES, RunDir, offload
 from ..runs.reuse import MIN_FILE_BYTES, keep_and_remove
 from ..service import submit
+from ..tracing import Span, trace_context
 from .auth import check_bearer
 from .fleet import Fleet
 from .heartbeat import HeartbeatResponse, ended_within
@@ -82,19 +84,32 @@ async def notebook_execute(request: Request) -> Response:
 
 async def _execute(request: Request, parse: Callable[[bytes], CellRequest]) -> Response:
     state = _state(request)
-    with state.receiving_upload():  # held until the body is in (or refused and removed)
-        with storage_checked("a new run directory"):
-            run_dir = await offload(state.context.inline_io, RunDir.make, state.settings.run_root)
-        root = run_dir.root
-        try:
-            with storage_checked("this request's inputs"):
-                receiving = _receive(request, parse, run_dir, state)
-                cell = await _unless_stalled(receiving, run_dir, state)
-            job = submit(state, cell, run_dir)
-        except BaseException:
-            await asyncio.to_thread(shutil.rmtree, root, True)
-            raise
-    return await answer(request, state, job)
+    carrier = trace_context(request.headers)
+    with state.tracing.request(carrier, _route(request)) as span:
+        with state.receiving_upload():  # held until the body is in (or refused and removed)
+            with storage_checked("a new run directory"):
+                run_root = state.settings.run_root
+                run_dir = await offload(state.context.inline_io, RunDir.make, run_root)
+            root = run_dir.root
+            try:
+                with storage_checked("this request's inputs"), state.tracing.step("worker.inputs"):
+                    receiving = _receive(request, parse, run_dir, state)
+                    cell = await _unless_stalled(receiving, run_dir, state)
+                span.set("build_id", cell.build_id)
+                job = submit(state, cell, run_dir)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, root, True)
+                raise
+        return _answered(span, await answer(request, state, job))
+
+
+def _route(request: Request) -> dict[str, str]:
+    return {"http.request.method": request.method, "http.route": request.url.path}
+
+
+def _answered(span: Span, response: Response) -> Response:
+    span.set("http.response.status_code", response.status_code)
+    return response
 
 
 async def answer(request: Request, state: WorkerState, job: Job) -> Response:
@@ -112,6 +127,7 @@ async def answer(request: Request, state: WorkerState, job: Job) -> Response:
 def _accepted(state: WorkerState, job: Job) -> JSONResponse:
     """Still queued after the short wait: hand the client a job URL to poll."""
     state.jobs.hand_off(job)
+    state.tracing.annotate({"worker.job.accepted": True, "worker.job.id": job.job_id})
     body: dict[str, object] = {"job_url": f"/v1/jobs/{job.job_id}", "state": job.state.value}
     position = state.jobs.position(job)
     if position is not None:
@@ -313,7 +329,16 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
 async def execute_manifest(request: Request) -> Response:
     """Pull model: inputs from signed URLs, the bundle to the store, then finalize."""
     state = _state(request)
-    return await answer(request, state, await submit_manifest(state, _body(request)))
+    manifest = await read_manifest(state, _body(request))
+    with _traced(request, state, manifest) as span:
+        return _answered(span, await answer(request, state, await submit_manifest(state, manifest)))
+
+
+def _traced(request: Request, state: WorkerState, manifest: BuildManifest) -> ContextManager[Span]:
+    """A manifest's ``worker.execute`` span: its trace context from the headers, else the
+    manifest's own."""
+    carrier = trace_context(request.headers, manifest.trace_metadata)
+    return state.tracing.request(carrier, {**_route(request), **manifest.trace_attributes})
 
 
 @protected.post("/execute", openapi_extra=MANIFEST_BODY)
@@ -324,14 +349,16 @@ async def execute_pool_alias(request: Request) -> Response:
     interval = state.settings.heartbeat_seconds
     if interval is None:
         return await execute_manifest(request)
-    job = await submit_manifest(state, _body(request))
-    with state.jobs.awaited(job):
-        async with watching_for_disconnect(request.receive, job.execution.cancel.set):
-            ended = await ended_within(job, interval)
-    if ended:
-        return _deliver(state, job)
-    timeout_status = state.settings.timeout_status
-    return HeartbeatResponse(job, interval, lambda: _deliver(state, job), timeout_status)
+    manifest = await read_manifest(state, _body(request))
+    with _traced(request, state, manifest) as span:
+        job = await submit_manifest(state, manifest)
+        with state.jobs.awaited(job):
+            async with watching_for_disconnect(request.receive, job.execution.cancel.set):
+                ended = await ended_within(job, interval)
+        if ended:
+            return _answered(span, _deliver(state, job))
+        timeout_status = state.settings.timeout_status
+        return HeartbeatResponse(job, interval, lambda: _deliver(state, job), timeout_status)
 
 
 router.include_router(protected)

@@ -22,7 +22,7 @@ import asyncio
 import json
 import shutil
 from collections.abc import AsyncIterator, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import httpx
@@ -34,6 +34,7 @@ from ..protocol.envelopes import CellRequest, parse_notebook_execute
 from ..runs import output_dirs
 from ..runs.directory import RunDir
 from ..service import CANCELLED_DETAIL, execute_to_bundle_file, submit_work
+from ..tracing import TRACE_CONTEXT_KEYS
 from .headers import upload_headers
 from .output_stream import OutputDirStreamer, streaming, without_streamed
 from .transfers import UploadTarget, console_relay, deliver_bundle, download
@@ -43,7 +44,14 @@ if TYPE_CHECKING:
     from ..jobs import Execution
     from ..state import WorkerState
 
-__all__ = ["MANIFEST_PROTOCOL", "BuildManifest", "parse_manifest", "read_body", "submit_manifest"]
+__all__ = [
+    "MANIFEST_PROTOCOL",
+    "BuildManifest",
+    "parse_manifest",
+    "read_body",
+    "read_manifest",
+    "submit_manifest",
+]
 
 MANIFEST_PROTOCOL = "notebook-build-manifest@v1"
 EXECUTOR_REF = "notebook_cell@v1"
@@ -72,12 +80,20 @@ class BuildManifest:
     log_url: str | None
     output_file_url: str | None  # checked; ``# @output_dir`` files are streamed there
     pins: Mapping[str, tuple[str, ...]]
+    trace_metadata: Mapping[str, object] = field(default_factory=dict)
+    """The metadata's trace context (``traceparent``, ``tracestate``), if it sent one."""
+    trace_attributes: Mapping[str, str | None] = field(default_factory=dict)
+    """The ids a trace of the run carries: ``build_id``, ``notebook_id``, ``cell_id``."""
 
 
-async def submit_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> Job:
-    """Validate a manifest and admit its run as a job whose result is the 200 answer."""
+async def read_manifest(state: WorkerState, body: AsyncIterator[bytes]) -> BuildManifest:
+    """The request's manifest, read and validated (see :func:`parse_manifest`)."""
     policy = UrlPolicy(state.settings.allow_local_hosts, state.settings.allowed_hosts)
-    manifest = await parse_manifest(await read_body(body), UrlGuard(policy))
+    return await parse_manifest(await read_body(body), UrlGuard(policy))
+
+
+async def submit_manifest(state: WorkerState, manifest: BuildManifest) -> Job:
+    """Admit a validated manifest's run as a job whose result is the 200 answer."""
     client = state.http_client
     if client is None:
         raise WorkerBusy("Worker is not serving yet")
@@ -107,15 +123,17 @@ async def _build(
     # fetching inputs is not waiting for a kernel: a poller sees "provisioning", and the
     # run takes no place in the queue until it does wait
     job.mark_provisioning(bool(manifest.downloads))
-    for item in manifest.downloads:
-        if execution.cancel.is_set():
-            raise Cancelled(CANCELLED_DETAIL)
-        with storage_checked("this request's inputs"):
-            await download(
-                client, item.url, run_dir.inputs / item.file, uri=item.uri,
-                cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
-                reuse=state.reusable_files,
-            )  # fmt: skip
+    with state.tracing.step("worker.inputs") as span:
+        span.set("worker.inputs.count", len(manifest.downloads))
+        for item in manifest.downloads:
+            if execution.cancel.is_set():
+                raise Cancelled(CANCELLED_DETAIL)
+            with storage_checked("this request's inputs"):
+                await download(
+                    client, item.url, run_dir.inputs / item.file, uri=item.uri,
+                    cap=state.settings.max_input_bytes, timeout_seconds=transfer_seconds,
+                    reuse=state.reusable_files,
+                )  # fmt: skip
     job.mark_provisioning(False)
     max_files = state.context.limits.output_dir_files
     streamer = _streamer(client, manifest, run_dir, transfer_seconds, max_files)
@@ -141,9 +159,11 @@ async def _build(
         )
     size = (await asyncio.to_thread(bundle.stat)).st_size
     execution.stoppable = False  # the cell is over; its bundle is delivered whatever comes
-    finalized = await deliver_bundle(
-        client, manifest.output, manifest.finalize_url, bundle, timeout_seconds=transfer_seconds
-    )
+    with state.tracing.step("worker.upload") as span:
+        span.set("worker.bundle.bytes", size)
+        finalized = await deliver_bundle(
+            client, manifest.output, manifest.finalize_url, bundle, timeout_seconds=transfer_seconds
+        )
     return {
         "success": True,
         "build_id": manifest.build_id,
@@ -215,6 +235,7 @@ async def parse_manifest(body: bytes, guard: UrlGuard) -> BuildManifest:
     log_url = await _optional_url(document, "log_url", guard)
     output_file_url = await _optional_url(document, "output_file_url", guard)
     cell = _cell(params, metadata.get("build_id"))
+    ids = {key: _text(metadata.get(key)) or None for key in ("notebook_id", "cell_id")}
     return BuildManifest(
         build_id=document.get("build_id"),
         cell=cell,
@@ -224,6 +245,8 @@ async def parse_manifest(body: bytes, guard: UrlGuard) -> BuildManifest:
         log_url=log_url,
         output_file_url=output_file_url,
         pins=guard.pins,
+        trace_metadata={k: metadata[k] for k in TRACE_CONTEXT_KEYS if k in metadata},
+        trace_attributes={"build_id": cell.build_id, **ids},
     )
 
 
