@@ -23,6 +23,11 @@ from .environments.kernels import LockedKernels
 
 _PREFIX = "strata_kernel_worker"
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
+FORWARD_OUTCOMES = {
+    "poll": ("found", "not_found", "peers_failed", "interrupted"),
+    "cancel": ("cancelled", "not_running", "interrupted"),
+}
+"""How a job poll or a cancel sent on to the peers (see http/fleet.py) can end."""
 
 
 class _PoolCollector(Collector):
@@ -164,7 +169,34 @@ class WorkerMetrics:
         self.bytes_out = Counter(
             f"{_PREFIX}_bundle_bytes", "Output bundle bytes produced", registry=self.registry
         )
+        self.accepted = Counter(
+            f"{_PREFIX}_accepted",
+            "Executions answered 202 with a job URL to poll (no kernel within --queue-wait)",
+            registry=self.registry,
+        )
+        self.forwarded = Counter(
+            f"{_PREFIX}_forwarded",
+            "Job polls and cancels sent on to the peers, by request and outcome",
+            ["request", "outcome"],
+            registry=self.registry,
+        )
+        self.forward_seconds = Histogram(
+            f"{_PREFIX}_forward_seconds",
+            "Time to answer a job poll or a cancel sent on to the peers",
+            ["request"],
+            buckets=_DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        for request, outcomes in FORWARD_OUTCOMES.items():  # every series there from the start
+            self.forward_seconds.labels(request)
+            for outcome in outcomes:
+                self.forwarded.labels(request, outcome)
         self.registry.register(_PoolCollector(pool, gauges, memory))
+
+    def observe_forward(self, request: str, outcome: str, seconds: float) -> None:
+        """Count one job poll or cancel the peers were asked about (see http/fleet.py)."""
+        self.forwarded.labels(request, outcome).inc()
+        self.forward_seconds.labels(request).observe(seconds)
 
     def watch_environments(self, pools: PoolSet, environments: LockedKernels) -> None:
         """Export locked environments and their pools too."""

@@ -194,6 +194,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lambda: memory.latest.of(pool.config.kind.name),
     )
     metrics.watch_environments(pools, environments)
+    fleet.observe = metrics.observe_forward
     state = WorkerState(
         settings, pool, context, jobs, metrics, mount_cache, pools, environments, memory
     )

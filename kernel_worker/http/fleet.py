@@ -32,7 +32,8 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from urllib.parse import quote
 
 import httpx
@@ -54,13 +55,16 @@ from .peers import (
     plain_segment,
 )
 
-__all__ = ["HOP_HEADER", "REFRESH_SECONDS", "Fleet", "PeerLimits", "Peers"]
+__all__ = ["HOP_HEADER", "REFRESH_SECONDS", "Fleet", "ForwardObserver", "PeerLimits", "Peers"]
 
 log = logging.getLogger(__name__)
 
 HOP_HEADER = "X-Strata-Worker-Forwarded"
 """Marks a request one worker forwarded to another (its value: the sender's id); a worker
 never forwards such a request again."""
+ForwardObserver = Callable[[str, str, float], None]
+"""Told of each request sent on to the peers: ``poll`` or ``cancel``, how it ended (see
+:data:`kernel_worker.metrics.FORWARD_OUTCOMES`) and its seconds."""
 CANCEL_SECONDS = 3.0
 """How long a forwarded cancel waits for the peers (Strata's client gives its cancel 5 s)."""
 # the client's headers a forwarded request carries (the token is checked by each peer)
@@ -84,6 +88,8 @@ class Fleet:
         self._homes: dict[str, str] = {}
         """A worker id -> the peer URL that last answered a poll for one of its jobs."""
         self._peers: dict[str, Peer] = {}
+        self.observe: ForwardObserver = _unobserved
+        """Told of every poll and cancel sent on (the app's metrics count them)."""
 
     def open(self) -> None:
         """Make the client (on the event loop, once the worker serves); none without peers."""
@@ -115,6 +121,32 @@ class Fleet:
     def forwards(self, request: Request) -> bool:
         """Whether ``request`` may go to the peers: there are some, and it came from none."""
         return self._client is not None and HOP_HEADER not in request.headers
+
+    async def forward_poll(self, request: Request, job_id: str) -> Response:
+        """:meth:`poll`, observed: ``found``, ``not_found`` or ``peers_failed``."""
+        started, outcome = time.monotonic(), "interrupted"
+        try:
+            answer = await self.poll(request, job_id)
+            outcome = "found"
+            return answer
+        except NotFound:
+            outcome = "not_found"
+            raise
+        except UpstreamFailed:
+            outcome = "peers_failed"
+            raise
+        finally:
+            self.observe("poll", outcome, time.monotonic() - started)
+
+    async def forward_cancel(self, request: Request, build_id: str) -> bool:
+        """:meth:`cancel`, observed: ``cancelled`` or ``not_running``."""
+        started, outcome = time.monotonic(), "interrupted"
+        try:
+            cancelled = await self.cancel(request, build_id)
+            outcome = "cancelled" if cancelled else "not_running"
+            return cancelled
+        finally:
+            self.observe("cancel", outcome, time.monotonic() - started)
 
     async def poll(self, request: Request, job_id: str) -> Response:
         """The answer of the peer that holds ``job_id``, passed back as it comes.
@@ -269,6 +301,10 @@ class Fleet:
                 if not ask.cancelled() and ask.exception() is None:
                     await ask.result().aclose()
         return found, failures
+
+
+def _unobserved(request: str, outcome: str, seconds: float) -> None:
+    """No one counts forwarded requests (a fleet made without the app's metrics)."""
 
 
 def _segment(value: str) -> str:

@@ -127,6 +127,7 @@ async def answer(request: Request, state: WorkerState, job: Job) -> Response:
 def _accepted(state: WorkerState, job: Job) -> JSONResponse:
     """Still queued after the short wait: hand the client a job URL to poll."""
     state.jobs.hand_off(job)
+    state.metrics.accepted.inc()
     state.tracing.annotate({"worker.job.accepted": True, "worker.job.id": job.job_id})
     body: dict[str, object] = {"job_url": f"/v1/jobs/{job.job_id}", "state": job.state.value}
     position = state.jobs.position(job)
@@ -189,7 +190,7 @@ async def poll_job(job_id: str, request: Request) -> Response:
     if job is None:
         fleet: Fleet = request.app.state.fleet
         if fleet.forwards(request) and not state.jobs.is_own(job_id):
-            return await fleet.poll(request, job_id)  # another worker's (see .fleet)
+            return await fleet.forward_poll(request, job_id)  # another worker's (see .fleet)
         raise NotFound("Unknown or expired job")
     job.polled_at = time.monotonic()  # someone is still after it (a drain waits for them)
     if job.done.is_set():
@@ -314,7 +315,7 @@ async def cancel_execution(build_id: str, request: Request) -> JSONResponse:
     cancelled = _state(request).cancel(build_id)
     fleet: Fleet = request.app.state.fleet
     if not cancelled and fleet.forwards(request):
-        cancelled = await fleet.cancel(request, build_id)
+        cancelled = await fleet.forward_cancel(request, build_id)
     return JSONResponse({"build_id": build_id, "cancelled": cancelled})
 
 
