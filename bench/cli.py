@@ -25,7 +25,7 @@ from .environments_report import environments_lines, environments_targets
 from .errors import BenchError, Failure
 from .plan import BenchPlan
 from .pool_bench import run_pool_bench
-from .processes import find_reference_bin
+from .processes import build_reference, find_reference_bin
 from .report import evaluate_targets, render_table
 from .template import TemplatePlan, run_template
 from .template_report import template_lines, template_targets
@@ -71,8 +71,13 @@ def _reference(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Ref
             parser.error("--reference-bin needs --with-reference")
         return Reference(None, None)
     binary = find_reference_bin(args.reference_bin)
+    if binary is None and not args.reference_bin:  # the interop environment has one
+        binary = build_reference()
     if binary is None:
-        parser.error("--with-reference: no strata-worker found (give --reference-bin PATH)")
+        parser.error(
+            "--with-reference: no strata-worker found (it comes with strata-notebook: "
+            "scripts/interop-env.sh installs it in .venv-interop/, or give --reference-bin PATH)"
+        )
     return Reference(binary, None)
 
 

@@ -13,6 +13,7 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -50,6 +51,28 @@ def find_reference_bin(explicit: str | None) -> Path | None:
     candidates = [Path(interop).parent / "strata-worker"] if interop else []
     candidates.append(ROOT / ".venv-interop" / "bin" / "strata-worker")
     return next((path for path in candidates if path.is_file()), None)
+
+
+INTEROP_SCRIPT = ROOT / "scripts" / "interop-env.sh"
+
+
+def build_reference(script: Path = INTEROP_SCRIPT) -> Path | None:
+    """Build (or reuse) the interop environment with ``scripts/interop-env.sh``, which
+    installs strata-notebook and with it ``strata-worker``; that executable, or None when
+    the script failed (it says why on stderr: no Python >= 3.12, no network...)."""
+    print(
+        "--with-reference: no strata-worker found; building .venv-interop/ with "
+        f"{script.relative_to(ROOT) if script.is_relative_to(ROOT) else script} "
+        "(strata-notebook, a minute or two the first time)",
+        file=sys.stderr, flush=True,
+    )  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(script)], cwd=ROOT, stdout=subprocess.PIPE, text=True, check=False
+    )
+    if done.returncode != 0 or not done.stdout.strip():
+        return None
+    found = Path(done.stdout.strip().splitlines()[-1]).parent / "strata-worker"
+    return found if found.is_file() else None
 
 
 def our_worker_argv(
