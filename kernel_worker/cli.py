@@ -15,7 +15,7 @@ from typing import Any
 
 from kernel_pool import RecyclePolicy
 
-from . import logs
+from . import __version__, logs
 from .kernel_env import ALLOWLIST_ENV_VAR, parse_allowlist
 from .mounts.cache import MountCache
 from .options import GROUPS, OPTIONS
@@ -51,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
             "CELL.py [--input NAME=PATH] [--out DIR] (see strata-kernel-worker run --help)."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     for title, group in GROUPS:
         section = parser.add_argument_group(title.lower())
         for option in group:
@@ -188,6 +189,13 @@ STARTUP_FAILURE_STATUS = 3
 STRATA_PYTHON = (3, 12)
 
 
+def _host_given(argv: Sequence[str] | None) -> bool:
+    """Whether ``--host`` (or its variable) chose the address, rather than the token."""
+    host = next(o for o in OPTIONS if o.flag == "--host")
+    args = build_parser().parse_args(argv)
+    return args.host is not None or bool(os.environ.get(host.env, "").strip())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["run"]:  # `strata-kernel-worker run CELL.py …`: the client, not the server
@@ -210,6 +218,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif settings.token is None and settings.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning(
             "binding %s WITHOUT a token: anyone who can reach it can run code", settings.host
+        )
+    elif settings.token is not None and settings.connect is None and not _host_given(argv):
+        log.warning(
+            "STRATA_WORKER_TOKEN is set, so the worker binds 0.0.0.0 (every interface), not "
+            "127.0.0.1: pass --host 127.0.0.1 to keep it on this machine"
         )
     if settings.kernel_user is not None and settings.pool_size + settings.spares > 1:
         log.warning(

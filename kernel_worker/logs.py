@@ -18,6 +18,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 request_id: ContextVar[str] = ContextVar("request_id", default="-")
 trace_id: ContextVar[str | None] = ContextVar("trace_id", default=None)
 """The request's trace (hex), when tracing is on: its JSON log lines carry it."""
+PROBE_PATHS = frozenset({"/ready", "/health"})
+"""Probes a load balancer sends every few seconds: out of the access log unless kept."""
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 access_log = logging.getLogger("kernel_worker.access")
@@ -62,10 +64,14 @@ def configure(level: str, fmt: str = "text") -> None:
 
 
 class RequestIdMiddleware:
-    """Give every HTTP request an id (the caller's ``X-Request-Id`` if sane), log it, echo it."""
+    """Give every HTTP request an id (the caller's ``X-Request-Id`` if sane), log it, echo it.
 
-    def __init__(self, app: ASGIApp) -> None:
+    A ``GET``/``HEAD`` of one of ``quiet_paths`` that succeeds leaves no access-log line.
+    """
+
+    def __init__(self, app: ASGIApp, quiet_paths: frozenset[str] = frozenset()) -> None:
         self.app = app
+        self.quiet_paths = quiet_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,12 +107,21 @@ class RequestIdMiddleware:
             await send_with_id({"type": "http.response.start", "status": 500, "headers": headers})
             await send({"type": "http.response.body", "body": body})
         finally:
-            access_log.info(
-                "%s %s %d %.1fms",
-                scope.get("method"),
-                scope.get("path"),
-                status,
-                (time.monotonic() - started) * 1000,
-            )
+            if not self._quiet(scope, status):
+                access_log.info(
+                    "%s %s %d %.1fms",
+                    scope.get("method"),
+                    scope.get("path"),
+                    status,
+                    (time.monotonic() - started) * 1000,
+                )
             trace_id.reset(traced)
             request_id.reset(token)
+
+    def _quiet(self, scope: Scope, status: int) -> bool:
+        """A probe that succeeded: not worth a line (a failing one is)."""
+        return (
+            status < 400
+            and scope.get("method") in ("GET", "HEAD")
+            and scope.get("path") in self.quiet_paths
+        )

@@ -153,6 +153,8 @@ class Settings:
     timeout_status: int = 408
     log_level: str = "info"
     log_format: str = "text"
+    access_log_probes: bool = False
+    """Whether successful ``/ready`` and ``/health`` probes get access-log lines."""
     metrics_port: int | None = None
     token: str | None = field(default=None, repr=False)
     max_input_bytes: int = DEFAULT_MAX_INPUT_BYTES

@@ -24,7 +24,7 @@ from ..errors import WorkerError, error_response
 from ..execution import ExecutionContext
 from ..jobs import JobQueue
 from ..kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
-from ..logs import RequestIdMiddleware
+from ..logs import PROBE_PATHS, RequestIdMiddleware
 from ..memory_watch import MemoryWatch
 from ..metrics import WorkerMetrics
 from ..mounts.cache import MountCache
@@ -218,7 +218,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # the hot endpoints skip the router (the routes stay registered: schema, docs)
     hot = {"/v1/execute": execute_v1, "/v1/notebook-execute": notebook_execute}
     app.add_middleware(FastPath, endpoints=hot)
-    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so it sees both paths
+    quiet = frozenset() if settings.access_log_probes else PROBE_PATHS
+    # added last: outermost, so it sees both paths
+    app.add_middleware(RequestIdMiddleware, quiet_paths=quiet)
     return app
 
 

@@ -65,6 +65,18 @@ def serve(config: uvicorn.Config, sock: socket.socket, app: FastAPI, drain_secon
     server.run(sockets=[sock])
 
 
+def ready_line(state: WorkerState, config: uvicorn.Config) -> str:
+    """What the worker says once it serves: kernels warm, and where."""
+    settings = state.settings
+    kernels = settings.pool_size + settings.spares
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    where = " (every interface)" if config.host in ("0.0.0.0", "::") else ""
+    return (
+        f"ready: {kernels} warm kernel{'s' if kernels != 1 else ''}, serving "
+        f"http://{host}:{config.port}{where}"
+    )
+
+
 def _stopping(sig: int, count: int, serving: bool) -> None:
     """What a stop signal starts, said in the log (on the loop, not in the handler)."""
     name = signal.Signals(sig).name
@@ -106,6 +118,11 @@ class _DrainingServer(uvicorn.Server):
         if self.signals >= 3 and sig == signal.SIGINT:
             self.force_exit = True
         self.should_exit = True
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit:  # the last line of a start
+            log.info("%s", ready_line(self.state, self.config))
 
     async def shutdown(self, sockets: Any = None) -> None:
         self.loop, self.cut = asyncio.get_running_loop(), asyncio.Event()

@@ -3,6 +3,7 @@ queued work, how it stops, and what it logs."""
 
 from __future__ import annotations
 
+from .environments import on_off
 from .model import Option
 from .parsing import (
     ENV_PREFIX,
@@ -262,7 +263,8 @@ OPTIONS: tuple[Option, ...] = (
         default="none",
         details=(
             "Also serve Prometheus `/metrics` on this port without a token (`GET` and `HEAD` "
-            "of `/metrics` only; anything else is `404`). It has the main port's "
+            "of `/metrics` only: another method there is `405` with `Allow: GET, HEAD`, "
+            "another path `404`). It has the main port's "
             "`--header-timeout`, `--max-connections` (counted apart) and `--send-timeout`, so "
             "sockets held open on it cannot pile up. A port in use stops the start."
         ),
@@ -289,6 +291,18 @@ OPTIONS: tuple[Option, ...] = (
             "…)` and is logged once, with its traceback, under that id (one that breaks an answer"
             " already under way cuts it off, and uvicorn logs it too). Python warnings are log "
             "lines too."
+        ),
+    ),
+    Option(
+        "--access-log-probes",
+        f"{ENV_PREFIX}ACCESS_LOG_PROBES",
+        on_off,
+        "log successful GET/HEAD /ready and /health probes in the access log",
+        details=(
+            "A load balancer's health checks (one per 2 s per worker behind the documented "
+            "HAProxy configuration) are left out of the access log: a `GET` or `HEAD` of "
+            "`/ready` or `/health` that answers below `400` leaves no line. `on` logs them like "
+            "any other request; a failing probe is always logged."
         ),
     ),
 )
