@@ -24,7 +24,8 @@ zlib-compressed JSON, a reply plain JSON):
   the namespace that becomes every forked kernel's user namespace (see ``_template.py``);
 - reply: ``{"id", "pid": N}``, ``{"id", "prepared": true}``, ``{"id", "error": "..."}`` or,
   when the preload failed or left what a fork breaks, ``{"id", "preload_error": "..."}``,
-  in the order of requests.
+  in the order of requests; a long message is cut to its two ends, so that a reply stays
+  within 48 KiB.
 
 A kernel is forked twice: this process forks a go-between, which forks the kernel, reports
 its pid and exits. The orphaned kernel is adopted by the pool's process (a child
@@ -272,6 +273,24 @@ def _fork_kernel(
                 os.close(fd)
 
 
+_REPLY_ROOM = 48 << 10  # bytes a reply may take (the pool reads at most 64 KiB of one)
+_TEXT_KEPT = 4000  # characters kept of each end of a long message (JSON may take 6 bytes each)
+
+
+def _reply(sock: socket.socket, reply: dict[str, Any]) -> None:
+    """Send ``reply`` as one datagram, a long message (a preload's error) cut to fit."""
+    data = json.dumps(reply).encode()
+    if len(data) > _REPLY_ROOM:
+        for key in ("preload_error", "error"):
+            text = reply.get(key)
+            if isinstance(text, str) and len(text) > 2 * _TEXT_KEPT:
+                dropped = len(text) - 2 * _TEXT_KEPT
+                note = f"\n[{dropped} characters not kept]\n"
+                reply[key] = text[:_TEXT_KEPT] + note + text[-_TEXT_KEPT:]
+        data = json.dumps(reply).encode()
+    sock.send(data)
+
+
 def _serve(sock: socket.socket) -> None:
     while True:
         try:
@@ -287,14 +306,14 @@ def _serve(sock: socket.socket) -> None:
             request_id = request.get("id")
             if "prepare" in request:  # load the packages, before the first fork
                 _prepare(request["prepare"])
-                sock.send(json.dumps({"id": request_id, "prepared": True}).encode())
+                _reply(sock, {"id": request_id, "prepared": True})
                 continue
             helper = sys.modules[request["helper"]]
             template = None
             if request.get("template"):
                 made = _template(request["template"], {sock.fileno(), key_fd})
                 if isinstance(made, str):
-                    sock.send(json.dumps({"id": request_id, "preload_error": made}).encode())
+                    _reply(sock, {"id": request_id, "preload_error": made})
                     continue
                 template = made
             sys.stdout.flush()
@@ -303,12 +322,12 @@ def _serve(sock: socket.socket) -> None:
                 raise ValueError("no pipe for the kernel's key came with the request")
             pid = _fork_kernel(request, helper, template, key_fd)
         except Exception as exc:  # a bad request (or helper source) is answered, not fatal
-            sock.send(json.dumps({"id": request_id, "error": str(exc)}).encode())
+            _reply(sock, {"id": request_id, "error": str(exc)})
             continue
         finally:
             if key_fd >= 0:
                 os.close(key_fd)  # (the kernel has its own copy)
-        sock.send(json.dumps({"id": request_id, "pid": pid}).encode())
+        _reply(sock, {"id": request_id, "pid": pid})
 
 
 def main() -> None:

@@ -57,17 +57,45 @@ class ForkedKernelProcess:
         self._pidfd: int | None = None
         self._on_exit: ExitCallback | None = None
         self._exited = asyncio.Event()
+        self._look: asyncio.TimerHandle | None = None
 
     def watch(self, on_exit: ExitCallback) -> None:
-        """Call ``on_exit(returncode)`` once, when the process has exited (it is reaped)."""
+        """Call ``on_exit(returncode)`` once, when the process has exited (it is reaped).
+
+        Without pidfd (Linux before 5.3, some sandboxes) the process is looked at every so
+        often (from 10 ms, doubling, up to 0.5 s), on the loop: reaped if it is this
+        process's child, else found gone from ``/proc`` (a zombie counts as gone). A
+        waiting thread would hold one of the loop's few worker threads per kernel, and
+        told a kernel that is not this process's child (not adopted) dead at once."""
         self._on_exit = on_exit
         try:
             self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfd: wait in a thread
-            task = asyncio.ensure_future(asyncio.to_thread(self._collect, 0))
-            task.add_done_callback(lambda _: self._exit_seen())
+        except (AttributeError, OSError):  # no pidfd: look every so often
+            started = _stat_and_state(self.pid)
+            self._look_again(started[0] if started else None, _LOOK_SECONDS[0])
             return
         asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
+
+    def _look_again(self, started: int | None, seconds: float) -> None:
+        self._look = None
+        if self._exited.is_set():
+            return
+        if self._gone(started):
+            self._exit_seen()
+            return
+        later = min(seconds * 2, _LOOK_SECONDS[1])
+        loop = asyncio.get_running_loop()
+        self._look = loop.call_later(seconds, self._look_again, started, later)
+
+    def _gone(self, started: int | None) -> bool:
+        try:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+        except ChildProcessError:  # not this process's child: is it still the one running?
+            now = _stat_and_state(self.pid)
+            return now is None or now[0] != started or now[1] in (b"Z", b"X")
+        if pid:
+            self.returncode = os.waitstatus_to_exitcode(status)
+        return bool(pid)
 
     def _reap(self) -> None:
         self.close()
@@ -91,6 +119,9 @@ class ForkedKernelProcess:
     def close(self) -> None:
         fd, self._pidfd = self._pidfd, None
         unwatch_and_close(fd)
+        if self._look is not None:
+            self._look.cancel()
+            self._look = None
 
     async def wait(self, seconds: float) -> bool:
         """Whether the process exited within ``seconds``."""
@@ -231,6 +262,34 @@ def _stat(pid: str) -> tuple[int, int, int, int] | None:
         return None
 
 
+_LOOK_SECONDS = (0.01, 0.5)  # without pidfd: first and largest wait between looks at a kernel
+
+
+def _stat_and_state(pid: int) -> tuple[int, bytes] | None:
+    """(start time, state) of ``pid`` from ``/proc/<pid>/stat``; None if it is gone.
+    Where there is no ``/proc``, (0, b"R") while a signal can reach it."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return 0, b"R"
+    except OSError:
+        return None
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19]), fields[0]
+    except (IndexError, ValueError):
+        return None
+
+
 def _prctl(*args: Any) -> int:
     try:
         return int(ctypes.CDLL(None, use_errno=True).prctl(*args))
@@ -291,12 +350,27 @@ async def _send_with_fd(
                 loop.remove_writer(sock)
 
 
-class _ForkServerLost(KernelStartError):
-    """The fork server exited, or did not answer in time."""
+_REPLY_BYTES = 64 << 10  # the most a reply may take (the fork server keeps them under 48 KiB)
 
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
+
+def _readable_reply(data: bytes) -> dict[str, Any] | None:
+    """A reply as the fork server sends it (a JSON object, whole), or None."""
+    if len(data) > _REPLY_BYTES:
+        return None
+    try:
+        reply = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return reply if isinstance(reply, dict) else None
+
+
+class _ForkServerLost(KernelStartError):
+    """The fork server exited, did not answer in time, or answered what cannot be read."""
+
+    def __init__(self, message: str, *, timed_out: bool = False, unreadable: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+        self.unreadable = unreadable
 
 
 class ForkServer:
@@ -404,6 +478,8 @@ class ForkServer:
         if exc.timed_out:
             limit = f" ({timeout:g}s)" if timeout is not None else ""
             return f"it did not finish within the kernel start timeout{limit}"
+        if exc.unreadable:
+            return "the template's answer could not be read"
         return f"the template died running it (exit status {self._exit_code})"
 
     async def _ask(
@@ -453,11 +529,15 @@ class ForkServer:
         await _send_with_fd(loop, sock, data, fd)
         while True:
             remaining = max(0.0, deadline - time.monotonic())
-            data = await asyncio.wait_for(loop.sock_recv(sock, 65536), remaining)
+            # one datagram per reply: a larger one than asked for would come cut
+            data = await asyncio.wait_for(loop.sock_recv(sock, _REPLY_BYTES + 1), remaining)
             if not data:
                 await self._stop()
                 raise _ForkServerLost("fork server exited")
-            reply: dict[str, Any] = json.loads(data)
+            reply = _readable_reply(data)
+            if reply is None:  # its state is not known any more: start afresh next time
+                await self._stop(now=True)
+                raise _ForkServerLost("fork server sent an unreadable reply", unreadable=True)
             if reply.get("id") == request_id:
                 return reply
             _kill_orphan(reply)

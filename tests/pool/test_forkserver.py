@@ -517,3 +517,28 @@ def test_a_worker_with_a_large_environment_forks_its_kernels(
         assert bundle.variables["sizes"]["preview"] == [len(big[name]) for name in sorted(big)]
     finally:
         w.stop()
+
+
+async def test_a_preload_failing_with_a_long_message_is_a_preload_error() -> None:
+    """The fork server's reply to a preload that raised a 200 KB message is cut to its two
+    ends, read whole, and the start fails with a PreloadError that says both."""
+    preload = "raise ValueError('start' + 'm' * 200_000 + 'end')"
+    with pytest.raises(PreloadError) as failed:
+        await Pool(PoolConfig(size=1, kind=KernelKind(preload=preload))).start()
+    message = str(failed.value)
+    assert "ValueError: startmmm" in message and "mmmend" in message, message[:200]
+    assert "characters not kept" in message and len(message) < 64_000
+
+
+async def test_without_pidfd_a_kernel_is_watched_whoever_its_parent(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where pidfd is unavailable and the pool's process could not adopt the kernel (no
+    child subreaper), the kernel runs cells, and its death is still seen."""
+    monkeypatch.delattr(os, "pidfd_open")
+    monkeypatch.setattr(kernel_pool.forkserver.server, "_set_subreaper", lambda on: None)
+    async with Pool(PoolConfig(size=1)) as pool, pool.lease() as lease:
+        assert lease.pid is not None and lease.pid not in children_of(os.getpid())
+        assert await run(lease, "print(6 * 7)") == "42\n"
+        with pytest.raises(KernelDied):
+            await lease.execute("import os\nos._exit(3)", deadline=time.monotonic() + 20)
