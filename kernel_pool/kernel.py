@@ -163,7 +163,7 @@ class Kernel:
             await forked.start(
                 self._fork_server, arguments, env, cwd, self._identity,
                 shipped_packages(self._config), deadline, kind.preload,
-                self._config.start_timeout_seconds,
+                self._config.start_timeout_seconds, kind.entered,
             )  # fmt: skip
         else:
             own_spec = kind.kernel_name is None

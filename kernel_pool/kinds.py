@@ -39,8 +39,17 @@ class KernelKind:
     env: Mapping[str, str] = field(default_factory=dict)
     """Variables added to the pool's kernel environment (e.g. ``VIRTUAL_ENV``)."""
     fork: bool = True
-    """Fork kernels from a template process that imported ipykernel once. Only ipykernel
-    on the pool's own interpreter can be forked; other kinds are always spawned."""
+    """Fork kernels from a template process that imported ipykernel once: ipykernel on
+    the pool's own interpreter, or on another one when the kind names its
+    :attr:`site_packages`; other kinds are always spawned."""
+    site_packages: tuple[Path, ...] = ()
+    """For a kind with a :attr:`python` of an environment: its site-packages. Kernels are
+    then forked from a template running that interpreter's base (``-S``, no site-packages
+    of its own) with :attr:`python_path` on ``sys.path`` and ipykernel imported, shared by
+    every kind naming the same base and python_path; the forked kernel puts these folders
+    before :attr:`python_path` and takes the environment's ``sys.prefix`` and
+    ``sys.executable`` before any of its user's code runs. Only for an environment that
+    holds none of what the template imported at another version than the template's."""
     preload: str | None = None
     """User code whose names every kernel starts with (part of the baseline). Forked
     kernels get it from the template, where it runs once as plain Python (it must leave no
@@ -59,7 +68,27 @@ class KernelKind:
     @property
     def forks(self) -> bool:
         """Whether kernels of this kind are forked from the fork server."""
-        return self.fork and self.kernel_name is None and self.python is None
+        native = self.python is None or bool(self.site_packages)
+        return self.fork and self.kernel_name is None and native
+
+    @property
+    def template(self) -> tuple[Path, tuple[Path, ...]] | None:
+        """The interpreter and ``sys.path`` tail of a template shared with other kinds
+        (see :attr:`site_packages`); ``None``: the pool's own fork server, if it forks."""
+        if not (self.forks and self.python is not None):
+            return None
+        return self.python.resolve(), self.python_path
+
+    @property
+    def entered(self) -> dict[str, object] | None:
+        """What a kernel forked from a shared template enters (see :attr:`site_packages`)."""
+        if self.template is None or self.python is None:
+            return None
+        return {
+            "site_packages": [str(p) for p in self.site_packages],
+            "prefix": str(self.python.parent.parent),  # <env>/bin/python
+            "executable": str(self.python),
+        }
 
     @property
     def spec_name(self) -> str:

@@ -88,6 +88,7 @@ class ForkedKernel(KernelProcess):
         deadline: float,
         template: str | None = None,
         template_timeout: float | None = None,
+        environment: Mapping[str, Any] | None = None,
     ) -> None:
         connection: dict[str, Any] = {"transport": "ipc", "ip": str(self._ipc_base)}
         connection.update({name: number for number, name in enumerate(_CHANNEL_PORTS, 1)})
@@ -96,7 +97,7 @@ class ForkedKernel(KernelProcess):
             self._process = await fork_server.spawn(
                 list(arguments), env, str(cwd), identity, INKERNEL.name, load_code(packages),
                 deadline,
-                template, template_timeout, connection, write_end,
+                template, template_timeout, connection, write_end, environment,
             )  # fmt: skip
             os.close(write_end)
             write_end = -1

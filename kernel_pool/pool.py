@@ -75,10 +75,16 @@ class Pool:
     """A pool of warm kernels. Use ``await pool.start()`` then ``async with pool.lease()``."""
 
     def __init__(
-        self, config: PoolConfig, *, uids_elsewhere: Callable[[], set[int]] | None = None
+        self,
+        config: PoolConfig,
+        *,
+        uids_elsewhere: Callable[[], set[int]] | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         """``uids_elsewhere``: with ``kernel_uids``, the uids of the range that kernels of
-        other pools hold (pools sharing one range never give one uid to two kernels)."""
+        other pools hold (pools sharing one range never give one uid to two kernels).
+        ``fork_server``: a template shared with other pools (the kind's ``template``),
+        which the pool uses and leaves running; else it makes its own if the kind forks."""
         self.config = config
         self._uids_elsewhere = uids_elsewhere
         self._kernels: dict[str, Kernel] = {}
@@ -99,9 +105,11 @@ class Pool:
         self._started = False
         self._private_dir: Path | None = None
         self._kernel_dirs: list[Path] = []
-        self._fork_server: ForkServer | None = None
-        if config.kind.forks:
-            self._fork_server = ForkServer(config.env if config.env is not None else os.environ)
+        self._fork_server: ForkServer | None = fork_server
+        self._owns_fork_server = fork_server is None and config.kind.forks
+        if self._owns_fork_server:
+            env = config.env if config.env is not None else os.environ
+            self._fork_server = ForkServer(env, config.kind.template)
         self._stats = StatsRecorder()
 
     def _initial_slots(self) -> list[str | None]:
@@ -199,7 +207,7 @@ class Pool:
         await asyncio.gather(*(k.kill() for k in kernels), return_exceptions=True)
 
     async def _release_resources(self) -> None:
-        if self._fork_server is not None:
+        if self._fork_server is not None and self._owns_fork_server:
             await self._fork_server.aclose()
         if self._private_dir is not None:
             await asyncio.to_thread(shutil.rmtree, self._private_dir, True)

@@ -7,6 +7,10 @@ them and is tried again by the next caller. The live kernels of all pools togeth
 within ``max_kernels``: to make room for a new pool, the idle pools used least recently
 (no lease held or waited for) are stopped first; when none can be stopped, the new pool
 waits until one can.
+
+Kinds that fork from a template of another interpreter (``KernelKind.template``) share one
+fork server per template across their pools: it is started by the first pool that needs
+it, or ahead of any (:meth:`PoolSet.warm_template`), and stopped with the set.
 """
 
 from __future__ import annotations
@@ -14,15 +18,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .config import PoolConfig
 from .errors import PoolBusy, PoolClosed
+from .forkserver import ForkServer
+from .helper_source import shipped_packages
 from .kinds import KernelKind
 from .lease import Lease
 from .pool import Pool
+from .shipping import load_code
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +76,7 @@ class PoolSet:
         """``default``: the pool started with the set; ``config_for``: the configuration
         of a pool of another kind; ``max_kernels``: the cap on kernels of all pools."""
         self._made: set[Pool] = set()  # every pool not closed yet, starting ones too
+        self._templates: dict[tuple[Path, tuple[Path, ...]], ForkServer] = {}
         self._default = _Entry(self._new_pool(default), default=True)
         self._config_for = config_for
         self._max_kernels = max_kernels
@@ -157,9 +167,34 @@ class PoolSet:
         def held_elsewhere() -> set[int]:
             return {uid for other in self._made if other is not pool for uid in other.held_uids()}
 
-        pool = Pool(config, uids_elsewhere=held_elsewhere)
+        template = config.kind.template
+        shared = self._template(config, template) if template is not None else None
+        pool = Pool(config, uids_elsewhere=held_elsewhere, fork_server=shared)
         self._made.add(pool)
         return pool
+
+    def _template(self, config: PoolConfig, template: tuple[Path, tuple[Path, ...]]) -> ForkServer:
+        server = self._templates.get(template)
+        if server is None:
+            env = config.env if config.env is not None else os.environ
+            server = self._templates[template] = ForkServer(env, template)
+        return server
+
+    async def warm_template(self, python: Path, python_path: tuple[Path, ...]) -> None:
+        """Start the template of ``python`` (resolved: no link) with ``python_path`` (a
+        kind's ``template``)
+        and load the in-kernel packages there, so that the first pool of any kind sharing
+        it forks at once. Its kernels' configuration is the default pool's.
+
+        Raises:
+            KernelStartError: The template could not be started.
+        """
+        if self._closed:
+            return
+        config = self._default.pool.config
+        server = self._template(config, (python, python_path))
+        deadline = time.monotonic() + config.start_timeout_seconds
+        await server.warm(load_code(shipped_packages(config)), deadline)
 
     def _least_recently_used_idle(self) -> _Entry | None:
         idle = [e for e in self._entries.values() if not e.default and e.users == 0]
@@ -197,6 +232,8 @@ class PoolSet:
         others = [e.pool for e in self._entries.values() if not e.default]
         self._entries = {self._default.pool.config.kind.name: self._default}
         await asyncio.gather(*(p.aclose() for p in others), return_exceptions=True)
+        templates, self._templates = list(self._templates.values()), {}
+        await asyncio.gather(*(t.aclose() for t in templates), return_exceptions=True)
         await self._default.pool.aclose()
 
     def pools(self) -> Mapping[str, Pool]:

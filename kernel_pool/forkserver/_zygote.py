@@ -74,6 +74,9 @@ _PRELOAD = (
     "zmq.utils.garbage",
 )
 _prepared: set[str] = set()  # the packages' load code already run here
+# a template of another interpreter: the folders at the end of its sys.path (the kernel
+# overlay its kernels see after their environment's packages)
+_TEMPLATE_PATH: list[str] = []
 # preload source -> (its namespace, its names) once run, or the message of its failure
 _templates: dict[str, tuple[dict[str, Any], frozenset[str]] | str] = {}
 
@@ -190,6 +193,7 @@ def _become_kernel(
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
+        _enter_environment(request.get("environment") or {})
         sys.path.insert(0, os.getcwd())  # as ``python -m ipykernel_launcher`` in cwd has it
         argv = request["argv"]  # parent_handle=1 among them: the lifeline watches the pool
         helper.before_kernel_app()
@@ -216,6 +220,29 @@ def _become_kernel(
             sys.stderr.flush()
         finally:
             os._exit(code)  # never return into the fork server's loop
+
+
+def _enter_environment(environment: dict[str, Any]) -> None:
+    """Become a kernel of the environment the request names (a template of another
+    interpreter, started without site-packages): its site-packages (``.pth`` files
+    processed) before this template's own folders, its prefix and its interpreter."""
+    if not environment:
+        return
+    import site
+
+    tail = [p for p in sys.path if p in _TEMPLATE_PATH]
+    head = [p for p in sys.path if p not in _TEMPLATE_PATH]
+    sys.path[:] = head
+    for folder in environment["site_packages"]:
+        site.addsitedir(folder)
+    sys.path.extend(tail)
+    sys.prefix = sys.exec_prefix = environment["prefix"]
+    sys.executable = environment["executable"]
+    paths = sys.modules.get("jupyter_core.paths")  # computed from the template's prefix
+    for name, folder in (("ENV_JUPYTER_PATH", "share"), ("ENV_CONFIG_PATH", "etc")):
+        found = getattr(paths, name, None)
+        if isinstance(found, list):
+            found[:] = [os.path.join(sys.prefix, folder, "jupyter")]
 
 
 def _connect_without_a_file(app: type, connection: dict[str, Any], key_fd: int) -> None:
@@ -334,6 +361,15 @@ def main() -> None:
     # this script's directory (kernel_pool/forkserver/) must not shadow what a kernel imports
     if sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
         del sys.path[0]
+    template_path = os.environ.pop("KERNEL_POOL_TEMPLATE_PATH", "")
+    if template_path:  # started with -S: no site-packages but these, and site's builtins
+        import site
+
+        _TEMPLATE_PATH.extend(template_path.split(os.pathsep))
+        sys.path.extend(_TEMPLATE_PATH)
+        site.setquit()
+        site.setcopyright()
+        site.sethelper()
     sock = socket.socket(fileno=int(sys.argv[1]))
     _die_with_parent()
     # shown without the room reserved for the kernels' command lines

@@ -34,6 +34,7 @@ _ZYGOTE = Path(__file__).with_name("_zygote.py")
 FORK_SERVER_SCRIPT = "kernel_pool/forkserver/_zygote.py"
 """In the command line of a fork server (its kernels show ``python -m ipykernel_launcher …``)."""
 _TITLE_ROOM = 2048  # bytes of command line a forked kernel may show
+_PATH_VARIABLE = "KERNEL_POOL_TEMPLATE_PATH"  # read (and removed) by _zygote.py
 
 ExitCallback = Callable[[int | None], None]
 
@@ -376,9 +377,19 @@ class _ForkServerLost(KernelStartError):
 class ForkServer:
     """Starts the fork server when first needed; forks kernels from it."""
 
-    def __init__(self, env: Mapping[str, str]) -> None:
+    def __init__(
+        self, env: Mapping[str, str], template: tuple[Path, tuple[Path, ...]] | None = None
+    ) -> None:
+        """``template``: run another interpreter (without its site-packages) with these
+        folders at the end of its ``sys.path``; its kernels are told which environment to
+        enter (``spawn``'s ``environment``). ``None``: this interpreter, as it runs here."""
         # ipykernel's debugger support (imported there) warns about frozen modules otherwise
         self._env = {**env, "PYDEVD_DISABLE_FILE_VALIDATION": "1"}
+        self._argv = [sys.executable]
+        if template is not None:
+            python, path = template
+            self._argv = [str(python), "-S"]
+            self._env[_PATH_VARIABLE] = os.pathsep.join(str(p) for p in path)
         # a preload run here that imports pyplot picks the backend the kernels would
         self._env.setdefault("MPLBACKEND", "module://matplotlib_inline.backend_inline")
         self._templates: set[str] = set()  # preloads that made a template here
@@ -397,7 +408,7 @@ class ForkServer:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             self._process = subprocess.Popen(
-                [sys.executable, str(_ZYGOTE), str(theirs.fileno()), " " * _TITLE_ROOM],
+                [*self._argv, str(_ZYGOTE), str(theirs.fileno()), " " * _TITLE_ROOM],
                 pass_fds=(theirs.fileno(),),
                 env=self._env,
                 stdin=subprocess.DEVNULL,
@@ -426,6 +437,7 @@ class ForkServer:
         template_timeout: float | None = None,
         connection: Mapping[str, Any] | None = None,
         key_fd: int = -1,
+        environment: Mapping[str, Any] | None = None,
     ) -> ForkedKernelProcess:
         """Fork a kernel running ``ipykernel`` with ``argv``; return it once it exists.
 
@@ -439,11 +451,14 @@ class ForkServer:
         runs past ``template_timeout`` (the fork server is then stopped).
         ``connection``: the kernel's connection info without a key; the kernel writes the
         key it makes into ``key_fd`` (a pipe's write end, passed on to it).
+        ``environment``: for a template of another interpreter, the environment the kernel
+        enters (``site_packages``, ``prefix``, ``executable``).
         """
         request = {
             "argv": argv, "env": dict(env), "cwd": cwd, "helper": helper,
             "uid": identity[0] if identity else None, "gid": identity[1] if identity else None,
             "template": template or "", "connection": dict(connection or {}),
+            "environment": dict(environment or {}),
         }  # fmt: skip
         new_template = bool(template) and template not in self._templates
         async with self._lock:
@@ -473,6 +488,27 @@ class ForkServer:
         if "pid" not in reply:
             raise KernelStartError(f"fork server could not fork a kernel: {reply.get('error')}")
         return ForkedKernelProcess(int(reply["pid"]))
+
+    async def warm(self, prepare: str, deadline: float) -> None:
+        """Start the fork server and load the shipped packages, ahead of the first fork."""
+        async with self._lock:
+            sock = self._sock if self._alive() else None
+            if sock is None:
+                await self._stop()
+                sock = self._start()
+            if prepare in self._prepared:
+                return
+            try:
+                reply = await self._exchange(sock, {"prepare": prepare}, deadline, -1)
+            except TimeoutError:
+                await self._stop(now=True)
+                raise KernelStartError("fork server did not load the packages in time") from None
+            except OSError as exc:
+                await self._stop()
+                raise KernelStartError(f"fork server could not be reached: {exc}") from exc
+            if "error" in reply:
+                raise KernelStartError(f"fork server could not load the packages: {reply['error']}")
+            self._prepared.add(prepare)
 
     def _preload_lost(self, exc: _ForkServerLost, timeout: float | None) -> str:
         if exc.timed_out:
