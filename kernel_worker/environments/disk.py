@@ -2,9 +2,14 @@
 
 Each call of ``ensure`` touches ``<dir key>.used``; an environment's last use is that file's
 mtime, or its marker's for one that only a reference worker has used. Eviction removes
-whole environments (venv, project, overlay), least recently used first, under their locks:
-one another process holds (building, or building its overlay) is skipped, as is any in
-``keep``. The marker goes first, so a half-removed environment is never trusted.
+whole environments (venv, project, the note of their kernel overlay), least recently used
+first, under their locks: one another process holds (building, or building its overlay) is
+skipped, as is any in ``keep``. The marker goes first, so a half-removed environment is
+never trusted.
+
+Kernel overlays are shared (``overlay.py``): one is removed only when no complete
+environment on disk names it, no process holds its ``users`` lock (a live pool or a fork
+template of any worker on the host), and nobody is building it.
 
 Blocking: call these from a thread.
 """
@@ -19,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import locking
-from .layout import EnvironmentPaths, is_directory_key
+from .layout import COMPLETE_MARKER, EnvironmentPaths, OverlayPaths, is_directory_key
 
-__all__ = ["EnvironmentUsage", "evict", "usage"]
+__all__ = ["EnvironmentUsage", "evict", "sweep_overlays", "usage"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +78,36 @@ def evict(
     return removed
 
 
+def sweep_overlays(root: Path) -> list[str]:
+    """Remove the kernel overlays nothing uses any more; the keys removed."""
+    folder = OverlayPaths(root, "").folder
+    try:
+        keys = sorted(e.name for e in os.scandir(folder) if e.is_dir() and is_directory_key(e.name))
+    except FileNotFoundError:
+        return []
+    removed = []
+    for key in set(keys) - _overlays_named(root):
+        paths = OverlayPaths(root, key)
+        with locking.try_held(paths.lock) as unbuilt, locking.try_held(paths.users) as unused:
+            if not (unbuilt and unused) or key in _overlays_named(root):
+                continue
+            paths.marker.unlink(missing_ok=True)
+            shutil.rmtree(paths.path, ignore_errors=True)
+            removed.append(key)
+    return removed
+
+
+def _overlays_named(root: Path) -> set[str]:
+    """The overlays complete environments under *root* use."""
+    named = set()
+    for ref in root.glob("*.kernel-overlay-key"):
+        env = root / ref.name.removesuffix(".kernel-overlay-key")
+        with contextlib.suppress(OSError):
+            if (env / COMPLETE_MARKER).exists():
+                named.add(ref.read_text().strip())
+    return named
+
+
 def _remove(paths: EnvironmentPaths, seen_used_at: float) -> bool:
     with (
         locking.try_held(paths.lock) as env_free,
@@ -86,6 +121,7 @@ def _remove(paths: EnvironmentPaths, seen_used_at: float) -> bool:
         for directory in (paths.env, paths.project, paths.overlay):
             shutil.rmtree(directory, ignore_errors=True)
         paths.used.unlink(missing_ok=True)
+        paths.overlay_ref.unlink(missing_ok=True)
     return True
 
 

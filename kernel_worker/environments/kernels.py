@@ -3,8 +3,13 @@
 The worker asks one question per cell that names an environment: which kind of kernel runs
 it. The answer is the environment's interpreter with its kernel overlay at the end of
 ``sys.path`` (the lock's packages win wherever both hold one), the environment's ``bin``
-first on ``PATH``, spawned (never forked from the worker's template, whose preload is for
-the worker's own environment). Building the environment and its overlay happens here, at
+first on ``PATH``. With its interpreter build's shared overlay (the lock pins none of the
+kernel's packages at another version), kernels are forked from a template of that
+interpreter and overlay, shared by every such environment, which enter the environment
+before any user code runs; with an overlay of its own, they are spawned. Never from the
+worker's own template, whose preload is for the worker's environment. At start, the
+shared overlay and template of the interpreter uv picks first are made ahead of any cell
+(:meth:`LockedKernels.start`). Building the environment and its overlay happens here, at
 most once per process at a time for one environment (the store's lock keeps other
 processes out); a caller cancelled while a build runs stops waiting, and the build goes on
 for the others.
@@ -19,14 +24,15 @@ import dataclasses
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel_pool import KernelKind
+from kernel_pool import KernelKind, PoolError
 
 from .disk import EnvironmentUsage
 from .errors import LockedEnvironmentError
+from .overlay import KernelOverlay
 from .spec import EnvironmentSpec
 from .store import BuiltEnvironment, EnvironmentOrigin, EnvironmentStore
 from .uv import probe_uv
@@ -42,22 +48,26 @@ class PreparedKind:
 
     kind: KernelKind
     environment: BuiltEnvironment
+    overlay_key: str = ""
 
 
 def environment_kind(
-    env: BuiltEnvironment, overlay: Path, base_env: Mapping[str, str]
+    env: BuiltEnvironment, overlay: KernelOverlay, base_env: Mapping[str, str]
 ) -> KernelKind:
-    """The kind of kernel that runs cells in ``env``."""
+    """The kind of kernel that runs cells in ``env``: forked from the shared template of
+    its interpreter when its overlay is the shared one, else spawned."""
     path = base_env.get("PATH", "")
+    site_packages = tuple(sorted(env.path.glob("lib/python*/site-packages")))
     return KernelKind(
         name=f"env-{env.dir_key[:16]}",
         python=env.python,
-        python_path=(overlay,),
+        python_path=(overlay.path,),
         env={
             "VIRTUAL_ENV": str(env.path),
             "PATH": f"{env.path / 'bin'}:{path}" if path else str(env.path / "bin"),
         },
-        fork=False,
+        fork=overlay.shared and bool(site_packages),
+        site_packages=site_packages if overlay.shared else (),
     )
 
 
@@ -78,6 +88,8 @@ class LockedKernels:
         *,
         max_disk: int | None = None,
         keep: Callable[[], set[str]] = set,
+        warm_template: Callable[[Path, tuple[Path, ...]], Awaitable[None]] | None = None,
+        warm_python: str | None = "",
     ) -> None:
         self.store: EnvironmentStore | None = None
         self._make_store = make_store
@@ -96,6 +108,10 @@ class LockedKernels:
         self.last_used: dict[str, float] = {}  # kind name -> monotonic time
         self.evicted = 0
         self.disk: list[EnvironmentUsage] = []  # measured at start and after each build
+        self._warm_template = warm_template
+        self._warm_python = warm_python  # made ready at start ("": uv's first; None: none)
+        self._warm_overlays: set[str] = set()
+        self._warming: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
         """Look for a uv that works (once: a worker does not gain or lose it later)."""
@@ -108,6 +124,38 @@ class LockedKernels:
         self.store = self._make_store(uv)
         self.disk = await self.store.usage()
         log.info("locked environments: built with %s under %s", uv, self.store.root)
+        if self._warm_python is not None:
+            self._warming = asyncio.ensure_future(self._warm(self.store, self._warm_python))
+
+    async def warmed(self) -> None:
+        """Wait until what :meth:`start` began making ready is ready (or failed: logged)."""
+        if self._warming is not None:
+            await asyncio.wait({self._warming})
+
+    async def aclose(self) -> None:
+        """Stop a warm-up still running; stop marking overlays used."""
+        if self._warming is not None and not self._warming.done():
+            self._warming.cancel()
+            await asyncio.wait({self._warming})
+        if self.store is not None:
+            await asyncio.to_thread(self.store.close)
+
+    async def _warm(self, store: EnvironmentStore, python: str) -> None:
+        """The shared overlay and fork template of *python*'s interpreter, made ahead."""
+        started = time.monotonic()
+        try:
+            interpreter, overlay = await store.warm_kernel_overlay(python)
+            self._warm_overlays.add(overlay.key)
+            if self._warm_template is not None:
+                real = await asyncio.to_thread(interpreter.resolve)  # as a kind names it
+                await self._warm_template(real, (overlay.path,))
+        except (LockedEnvironmentError, PoolError) as exc:
+            log.warning("locked environments: nothing made ready ahead: %s", exc)
+            return
+        log.info(
+            "locked environments: overlay %s and its template ready in %.1fs",
+            overlay.key[:16], time.monotonic() - started,
+        )  # fmt: skip
 
     @property
     def enabled(self) -> bool:
@@ -169,10 +217,19 @@ class LockedKernels:
                 "environment %s %s in %.1fs (Python %s)",
                 env.dir_key[:16], env.origin.value, seconds, env.python_version,
             )  # fmt: skip
-        prepared = PreparedKind(environment_kind(env, overlay, self._base_env), env)
+        kind = environment_kind(env, overlay, self._base_env)
+        prepared = PreparedKind(kind, env, overlay.key)
+        log.debug(
+            "environment %s: overlay %s (%s), kernels %s",
+            env.dir_key[:16], overlay.key[:16], "shared" if overlay.shared else "its own",
+            "forked" if kind.forks else "spawned",
+        )  # fmt: skip
         if env.installed and self._max_disk is not None:
             keep = self._keep() | {env.dir_key}
-            removed = await store.evict(max_bytes=self._max_disk, keep=keep)
+            overlays = {p.overlay_key for p in self._ready.values()} | self._warm_overlays
+            removed = await store.evict(
+                max_bytes=self._max_disk, keep=keep, keep_overlays=overlays | {overlay.key}
+            )
             self.forget(set(removed))
             self.evicted += len(removed)
         if env.installed:

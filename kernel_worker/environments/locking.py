@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .errors import EnvironmentBuildError
 
-__all__ = ["held", "try_held"]
+__all__ = ["held", "release", "shared", "try_held"]
 
 _FIRST_WAIT_SECONDS = 0.05
 _LONGEST_WAIT_SECONDS = 1.0
@@ -60,6 +60,23 @@ def try_held(path: Path) -> Iterator[bool]:
                 fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def shared(path: Path) -> int:
+    """Lock *path* shared (never waits long: only eviction takes it exclusively, for an
+    instant); the descriptor to :func:`release` it with. A user's mark, not a build lock."""
+    fd = _open(path)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def release(fd: int) -> None:
+    """Release a lock taken by :func:`shared`."""
+    os.close(fd)  # closing the only descriptor of the open file releases its flock
 
 
 def _open(path: Path) -> int:

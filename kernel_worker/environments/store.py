@@ -21,13 +21,14 @@ import enum
 import logging
 import os
 import shutil
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import disk, locking, overlay
 from .errors import EnvironmentBuildError
-from .layout import EnvironmentPaths, directory_key
+from .layout import EnvironmentPaths, OverlayPaths, directory_key
 from .registry import FetchOutcome, archive_url, fetch
 from .sources import refuse_source_builds
 from .spec import EnvironmentSpec
@@ -75,6 +76,7 @@ class BuiltEnvironment:
     python_version: str  # major.minor of the interpreter, "3.12"
     lock_key: str  # the spec's key
     origin: EnvironmentOrigin  # how this call got it
+    build: str = ""  # the interpreter build, "cpython-3.12.1 linux-x86_64"
 
     @property
     def installed(self) -> bool:
@@ -109,6 +111,12 @@ class EnvironmentStore:
         self._timeout = build_timeout_seconds
         self._guards: dict[str, asyncio.Lock] = {}
         self._known: dict[tuple[str, str], BuiltEnvironment] = {}
+        self._installer = overlay.Installer(
+            uv, allow_source_builds, source_build_hint, build_timeout_seconds, self._use
+        )
+        self._users: dict[str, int] = {}  # overlay key -> our shared lock on its users file
+        self._users_lock = threading.Lock()
+        self._free: dict[str, tuple[str, ...]] = {}  # interpreter build -> kernel's packages
 
     @property
     def root(self) -> Path:
@@ -126,18 +134,33 @@ class EnvironmentStore:
         self._known[(spec.key, spec.python)] = built
         return built
 
-    async def ensure_kernel_overlay(self, env: BuiltEnvironment) -> Path:
-        """The kernel overlay of *env*: a folder for the end of a kernel's ``sys.path``."""
+    async def ensure_kernel_overlay(self, env: BuiltEnvironment) -> overlay.KernelOverlay:
+        """The kernel overlay of *env*: a folder for the end of a kernel's ``sys.path``,
+        shared with every environment of its interpreter build that resolves the same."""
+        free = await self._free_resolution(env.build, env.python)
         paths = self._paths(env.dir_key)
-        async with self._guard(paths.overlay.name):
-            return await asyncio.to_thread(
-                overlay.ensure,
-                self._uv,
-                paths,
-                allow_source_builds=self._allow_source_builds,
-                source_build_hint=self._hint,
-                timeout_seconds=self._timeout,
-            )
+        async with self._guard(f"overlay {paths.key}"):
+            return await asyncio.to_thread(overlay.ensure, self._installer, paths, env.build, free)
+
+    async def warm_kernel_overlay(self, python: str) -> tuple[Path, overlay.KernelOverlay]:
+        """The shared overlay of the interpreter uv picks for *python* ("": its first),
+        made ahead of any environment; with that interpreter."""
+        interpreter = await asyncio.to_thread(find_interpreter, self._uv, python)
+        free = await self._free_resolution(interpreter.build, interpreter.path)
+        made = await asyncio.to_thread(
+            overlay.ensure_shared,
+            self._installer, self._root, interpreter.path, interpreter.build, free,
+        )  # fmt: skip
+        return interpreter.path, made
+
+    async def _free_resolution(self, build: str, python: Path) -> tuple[str, ...]:
+        """The kernel's packages for *build* with nothing pinned: resolved once per process."""
+        async with self._guard(f"resolution {build}"):
+            free = self._free.get(build)
+            if free is None:
+                free = await asyncio.to_thread(overlay.free_resolution, self._installer, python)
+                self._free[build] = free
+        return free
 
     async def usage(self) -> list[disk.EnvironmentUsage]:
         """Every complete environment under the root, least recently used first."""
@@ -149,11 +172,14 @@ class EnvironmentStore:
         max_bytes: int | None = None,
         max_idle_seconds: float | None = None,
         keep: Iterable[str] = (),
+        keep_overlays: Iterable[str] | None = None,
     ) -> list[str]:
         """Remove environments idle too long, then the least recently used past *max_bytes*.
 
         Never one whose directory key is in *keep* (those with a live pool), nor one another
-        process holds the lock of. Answers the directory keys removed.
+        process holds the lock of. Then kernel overlays nothing uses: this process stops
+        using those not in *keep_overlays* (``None``: it keeps every one it used). Answers
+        the directory keys removed.
         """
         removed = await asyncio.to_thread(
             disk.evict,
@@ -162,9 +188,27 @@ class EnvironmentStore:
             max_idle_seconds=max_idle_seconds,
             keep=frozenset(keep),
         )
+        if keep_overlays is not None:
+            self._stop_using(set(keep_overlays))
+        await asyncio.to_thread(disk.sweep_overlays, self._root)
         gone = set(removed)
         self._known = {k: env for k, env in self._known.items() if env.dir_key not in gone}
         return removed
+
+    def _use(self, paths: OverlayPaths) -> None:
+        """Mark the overlay at *paths* used by this process (from a thread)."""
+        with self._users_lock:
+            if paths.key not in self._users:
+                self._users[paths.key] = locking.shared(paths.users)
+
+    def _stop_using(self, keep: set[str]) -> None:
+        with self._users_lock:
+            for key in [key for key in self._users if key not in keep]:
+                locking.release(self._users.pop(key))
+
+    def close(self) -> None:
+        """Stop marking overlays used (the process is done with its kernels)."""
+        self._stop_using(set())
 
     def _paths(self, key: str) -> EnvironmentPaths:
         return EnvironmentPaths(self._root, key)
@@ -194,6 +238,7 @@ class EnvironmentStore:
             python_version=interpreter.version,
             lock_key=spec.key,
             origin=origin,
+            build=interpreter.build,
         )
 
     def _make(

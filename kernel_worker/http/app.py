@@ -128,6 +128,7 @@ def locked_kernels(settings: Settings, kernel_env: dict[str, str], pools: PoolSe
         kernel_env,
         max_disk=settings.env_max_disk,
         keep=keep,
+        warm_template=pools.warm_template,
     )
     return environments
 

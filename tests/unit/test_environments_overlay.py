@@ -46,11 +46,15 @@ async def test_the_overlay_runs_a_kernel_under_the_locks_pins(
     store = EnvironmentStore(tmp_path / "envs", uv=uv)
     env = await store.ensure(projects.old_traitlets.spec())
     before = _packages(env)
-    overlay = await store.ensure_kernel_overlay(env)
-    assert overlay == tmp_path / "envs" / f"{env.dir_key}.kernel-overlay"
+    made = await store.ensure_kernel_overlay(env)
+    overlay = made.path
+    assert overlay == tmp_path / "envs" / "kernel-overlays" / made.key
     assert not overlay.is_relative_to(env.path)
+    assert not made.shared  # the pin makes it an overlay of its own
+    assert "traitlets==5.9.0" in made.requirements
     # the overlay resolved against the lock's pin, not the newest traitlets
     assert [p.name for p in overlay.glob("traitlets-*.dist-info")] == ["traitlets-5.9.0.dist-info"]
+    assert list(overlay.glob("ipykernel/__pycache__/*.pyc"))  # compiled at install
     found = run_python(
         env.python,
         "import ipykernel, traitlets, zmq, cloudpickle, pyarrow\n"
@@ -64,9 +68,9 @@ async def test_the_overlay_runs_a_kernel_under_the_locks_pins(
     assert not any(p.startswith("ipykernel==") for p in before)
     # made once: a second call finds it
     marker = overlay / ".kernel-overlay-complete"
-    made = marker.stat().st_mtime_ns
-    assert await store.ensure_kernel_overlay(env) == overlay
-    assert marker.stat().st_mtime_ns == made
+    made_at = marker.stat().st_mtime_ns
+    assert (await store.ensure_kernel_overlay(env)).path == overlay
+    assert marker.stat().st_mtime_ns == made_at
 
 
 async def test_a_pin_the_kernel_cannot_run_with_is_named(
@@ -80,8 +84,8 @@ async def test_a_pin_the_kernel_cannot_run_with_is_named(
     assert message.startswith(
         "the lock pins traitlets==4.3.3, which the kernel cannot run with: "
     ), message
-    assert not (tmp_path / "envs" / f"{env.dir_key}.kernel-overlay").exists()
-    assert not list((tmp_path / "envs").glob(".*tmp-*"))
+    assert not list((tmp_path / "envs").glob("kernel-overlays/*/"))
+    assert not list((tmp_path / "envs").glob("**/.*tmp-*"))
     assert "traitlets==4.3.3" in _packages(env)
 
 
@@ -139,11 +143,12 @@ async def test_eviction_keeps_what_is_kept_and_the_most_recent(
 async def test_eviction_by_idle_time(tmp_path: Path, uv: str, projects: Projects) -> None:
     store = EnvironmentStore(tmp_path / "envs", uv=uv)
     oldest, middle, newest = await _three(store, projects)
-    overlay = await store.ensure_kernel_overlay(newest)
+    overlay = (await store.ensure_kernel_overlay(newest)).path
     assert await store.evict(max_idle_seconds=30) == [oldest.dir_key, middle.dir_key]
     assert [u.dir_key for u in await store.usage()] == [newest.dir_key]
     assert overlay.exists()
-    assert await store.evict(max_idle_seconds=0) == [newest.dir_key]
+    # its environment gone, and this process done with it: nothing uses the overlay
+    assert await store.evict(max_idle_seconds=0, keep_overlays=set()) == [newest.dir_key]
     assert not overlay.exists()
 
 
@@ -175,3 +180,75 @@ async def test_eviction_skips_an_environment_another_process_holds(
     with held(EnvironmentPaths(store.root, oldest.dir_key).overlay_lock, timeout_seconds=5):
         assert await store.evict(max_idle_seconds=30) == []
     assert await store.evict(max_idle_seconds=30) == [oldest.dir_key]
+
+
+# --- shared overlays ---
+
+
+async def test_environments_that_pin_none_of_the_kernels_packages_share_one_overlay(
+    tmp_path: Path, uv: str, projects: Projects
+) -> None:
+    store = EnvironmentStore(tmp_path / "envs", uv=uv)
+    basic = await store.ensure(projects.basic.spec())  # six==1.16.0, idna
+    other = await store.ensure(projects.other.spec())  # six==1.17.0
+    first = await store.ensure_kernel_overlay(basic)
+    marker = first.path / ".kernel-overlay-complete"
+    made_at = marker.stat().st_mtime_ns
+    second = await store.ensure_kernel_overlay(other)
+    assert first.shared and second == first  # one overlay, made once
+    assert marker.stat().st_mtime_ns == made_at
+    assert [p.name for p in (tmp_path / "envs" / "kernel-overlays").iterdir() if p.is_dir()] == [
+        first.key
+    ]
+    for env in (basic, other):  # each environment names the overlay it uses
+        assert (store.root / f"{env.dir_key}.kernel-overlay-key").read_text() == first.key
+    # each environment still imports its own six, the overlay's ipykernel
+    found = run_python(
+        other.python, "import six, ipykernel\nprint(six.__version__, ipykernel.__file__)",
+        path_tail=first.path,
+    ).split()  # fmt: skip
+    assert found[0] == "1.17.0" and found[1].startswith(str(first.path))
+    # a lock pinning one of the kernel's packages at another version gets its own
+    pinned = await store.ensure_kernel_overlay(await store.ensure(projects.old_traitlets.spec()))
+    assert not pinned.shared and pinned.key != first.key
+    assert "traitlets==5.9.0" in pinned.requirements
+    assert "traitlets==5.9.0" not in first.requirements
+
+
+async def test_eviction_keeps_a_shared_overlay_while_an_environment_uses_it(
+    tmp_path: Path, uv: str, projects: Projects
+) -> None:
+    store = EnvironmentStore(tmp_path / "envs", uv=uv)
+    basic = await store.ensure(projects.basic.spec())
+    other = await store.ensure(projects.other.spec())
+    shared = await store.ensure_kernel_overlay(basic)
+    assert await store.ensure_kernel_overlay(other) == shared
+    now = time.time()
+    os.utime(store.root / f"{basic.dir_key}.used", (now - 3600, now - 3600))
+    # basic goes; other, on disk, still uses the overlay
+    assert await store.evict(max_idle_seconds=60, keep_overlays=set()) == [basic.dir_key]
+    assert shared.path.is_dir()
+    # another process using it (a template, a live pool): it stays while that one holds it
+    users = tmp_path / "envs" / "kernel-overlays" / f"{shared.key}.users"
+    holder = subprocess.Popen(  # noqa: ASYNC220  (started and stopped here, by PID)
+        [
+            "python3",
+            "-c",
+            "import fcntl, sys, time\n"
+            "f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_SH)\n"
+            "print('held', flush=True); time.sleep(60)\n",
+            str(users),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert await store.evict(max_idle_seconds=0, keep_overlays=set()) == [other.dir_key]
+        assert shared.path.is_dir()  # no environment names it, but a process uses it
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
+    # used by no environment and no process: removed
+    assert await store.evict(max_idle_seconds=0, keep_overlays=set()) == []
+    assert not shared.path.exists()

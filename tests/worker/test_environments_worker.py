@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import WorkerProcess, kernel_uid_unavailable, start_worker
 from tests.envfixtures import (  # noqa: F401
+    LockedProject,
     Projects,
     counting_uv,
     lock_project,
@@ -311,3 +312,44 @@ def test_kernels_of_an_environment_run_as_their_own_uids(
         worker.stop()
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(runs, ignore_errors=True)
+
+
+FORK_CELL = (
+    "import sys, importlib\n"
+    "forked = sys.flags.no_site == 1\n"  # only the shared template runs without site
+    "executable = sys.executable\n"
+    "prefix = sys.prefix\n"
+    "module = importlib.import_module(NAME)\n"
+    "version = module.__version__\n"
+    "where = module.__file__\n"
+)
+
+
+def _fork_facts(client: httpx.Client, project: LockedProject, name: str) -> dict[str, object]:
+    response = execute(client, f"NAME = {name!r}\n" + FORK_CELL, environment=project.raw())
+    bundle = read_bundle(wait_for_bundle(client, response))
+    assert bundle.manifest["success"], bundle.manifest
+    names = ("forked", "executable", "prefix", "version", "where")
+    return {n: json.loads(bundle.file(n)) for n in names}
+
+
+def test_environments_fork_from_a_shared_template_unless_a_pin_conflicts(
+    env_worker: WorkerProcess, projects: Projects, env_root: Path
+) -> None:
+    with httpx.Client(base_url=env_worker.url, timeout=600) as client:
+        basic = _fork_facts(client, projects.basic, "six")
+        other = _fork_facts(client, projects.other, "six")
+        pinned = _fork_facts(client, projects.old_traitlets, "traitlets")
+    # two environments, one template (six is not among what it imported): each kernel
+    # imports its own environment's six, and is that environment's interpreter
+    for facts, version in ((basic, "1.16.0"), (other, "1.17.0")):
+        assert facts["forked"] is True
+        assert facts["version"] == version
+        prefix = Path(str(facts["prefix"]))
+        assert prefix.parent == env_root and str(facts["where"]).startswith(str(prefix))
+        assert facts["executable"] == str(prefix / "bin" / "python")
+    assert basic["prefix"] != other["prefix"]
+    # a lock pinning what the template imported at another version: spawned, its pin
+    assert pinned["forked"] is False
+    assert pinned["version"] == "5.9.0"
+    assert str(pinned["where"]).startswith(str(pinned["prefix"]))
