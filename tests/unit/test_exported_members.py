@@ -24,7 +24,6 @@ def test_kernel_pool_exports() -> None:
         "KernelStartError",
         "KernelState",
         "KindPoolStats",
-        "LanguageCode",
         "Lease",
         "Output",
         "Pool",
