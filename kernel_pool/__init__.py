@@ -19,7 +19,7 @@ from .errors import (
     PreloadError,
 )
 from .kernel import KernelState
-from .kinds import DEFAULT_KIND, KernelKind
+from .kinds import DEFAULT_KIND, KernelKind, LanguageCode
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, ProcessMemory
 from .messages import STREAM_DROPPED_MSG_TYPE, ExecuteResult, Output, dropped_characters
@@ -43,6 +43,7 @@ __all__ = [
     "KernelStartError",
     "KernelState",
     "KindPoolStats",
+    "LanguageCode",
     "Lease",
     "Output",
     "Pool",

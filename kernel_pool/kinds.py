@@ -15,7 +15,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DEFAULT_KIND", "KernelKind", "write_kernelspec"]
+__all__ = ["DEFAULT_KIND", "KernelKind", "LanguageCode", "write_kernelspec"]
+
+
+@dataclass(frozen=True, slots=True)
+class LanguageCode:
+    """How the pool sets up and resets a kernel of a language other than Python, in that
+    language (the pool's in-kernel Python package does it for ipykernel).
+
+    Each is run as one ``execute_request``; an error reply is a failure, and its message
+    says why (for :attr:`reset`: what could not be put back, which retires the kernel).
+    """
+
+    setup: str
+    """Run first at start, before the preload: defines what :attr:`capture` and
+    :attr:`reset` call (and what a pool's user runs in the kernel)."""
+    capture: str
+    """Run last at start, after the preload and the kernel init: records the baseline."""
+    reset: str
+    """Run after each lease the kernel is reused after: puts the baseline back, then checks
+    it; an error when something differs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +77,18 @@ class KernelKind:
     """User code run in every kernel at start, as a cell, after the preload and the fork:
     what cannot be forked (a GPU context, threads, connections). Its names join the
     baseline too."""
+    code: LanguageCode | None = None
+    """A kernelspec of another language: its own setup, baseline and reset, and no
+    ipykernel arguments; ``None``: ipykernel, set up and reset by the pool's in-kernel
+    package."""
 
     def __post_init__(self) -> None:
         if not self.name.strip():
             raise ValueError("a kernel kind needs a name")
         if self.kernel_name is not None and (self.python is not None or self.python_path):
             raise ValueError("a kernelspec kind names no interpreter or python_path")
+        if self.code is not None and self.kernel_name is None:
+            raise ValueError("a kind with code of its own names its kernelspec")
 
     @property
     def forks(self) -> bool:

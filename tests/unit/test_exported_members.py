@@ -24,6 +24,7 @@ def test_kernel_pool_exports() -> None:
         "KernelStartError",
         "KernelState",
         "KindPoolStats",
+        "LanguageCode",
         "Lease",
         "Output",
         "Pool",
