@@ -15,6 +15,7 @@
     ├── UpstreamFailed                  502
     ├── WorkerBusy (.retry_after_seconds) 503 + Retry-After
     ├── EnvironmentFailed               500 (a locked environment's spec or build)
+    ├── LanguageUnavailable             500 (a cell language this worker cannot run now)
     └── InsufficientStorage             507
 
 Domain code raises these; only :func:`error_response` chooses a status and a body, and
@@ -44,6 +45,7 @@ __all__ = [
     "EnvironmentFailed",
     "InsufficientStorage",
     "KernelCrashed",
+    "LanguageUnavailable",
     "NotFound",
     "PayloadTooLarge",
     "Unauthorized",
@@ -130,6 +132,11 @@ class EnvironmentFailed(WorkerError):
 
     def __init__(self, message: str) -> None:
         super().__init__(f"locked environment: {message}")
+
+
+class LanguageUnavailable(WorkerError):
+    """The cell's language is one the worker knows but cannot run here (R without R, or
+    turned off): the reference's 500, with its words."""
 
 
 class InsufficientStorage(WorkerError):

@@ -8,11 +8,12 @@ directory with a JSON report before the kernel replies, so a cell costs one roun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -91,6 +92,29 @@ def build_plan(
     )
 
 
+@contextlib.contextmanager
+def kernel_failures(timeout_seconds: float) -> Iterator[None]:
+    """Turn a kernel that did not finish a cell (a timeout, death, no reply) into the
+    worker's errors; the lease retires the kernel either way."""
+    try:
+        yield
+    except ExecutionTimeout:
+        raise CellTimedOut(
+            f"Cell execution timed out after {timeout_seconds:g}s. To give it longer, "
+            "put a '# @timeout <seconds>' line at the top of the cell, or raise the "
+            "notebook's timeout"
+        ) from None
+    except KernelNoReply:
+        raise KernelCrashed(
+            "The kernel running the cell stopped answering requests (the cell broke the "
+            "kernel's own machinery); it is replaced"
+        ) from None
+    except KernelDied as exc:
+        raise KernelCrashed(
+            f"The kernel running the cell died (exit status {exc.exit_code})"
+        ) from None
+
+
 async def run_cell(
     lease: Lease,
     request: CellRequest,
@@ -119,31 +143,17 @@ async def run_cell(
     reducer = OutputReducer(context.console_cap, console, displays=context.limits.display_caps)
     started = time.monotonic()
     try:
-        result = await lease.execute(
-            # IPython skips a blank cell entirely (hooks included): run an equivalent no-op
-            request.source if request.source.strip() else "pass",
-            deadline=started + request.timeout_seconds,
-            store_history=False,
-            metadata={"strata": plan.to_dict()},
-            on_output=reducer.feed,
-            last=True,  # one cell per lease: the kernel resets itself right after replying
-            stream_cap=context.console_cap,  # the kernel drops (and counts) the rest itself
-        )
-    except ExecutionTimeout:
-        raise CellTimedOut(
-            f"Cell execution timed out after {request.timeout_seconds:g}s. To give it longer, "
-            "put a '# @timeout <seconds>' line at the top of the cell, or raise the "
-            "notebook's timeout"
-        ) from None
-    except KernelNoReply:
-        raise KernelCrashed(
-            "The kernel running the cell stopped answering requests (the cell broke the "
-            "kernel's own machinery); it is replaced"
-        ) from None
-    except KernelDied as exc:
-        raise KernelCrashed(
-            f"The kernel running the cell died (exit status {exc.exit_code})"
-        ) from None
+        with kernel_failures(request.timeout_seconds):
+            result = await lease.execute(
+                # IPython skips a blank cell entirely (hooks included): run an equivalent no-op
+                request.source if request.source.strip() else "pass",
+                deadline=started + request.timeout_seconds,
+                store_history=False,
+                metadata={"strata": plan.to_dict()},
+                on_output=reducer.feed,
+                last=True,  # one cell per lease: the kernel resets itself right after replying
+                stream_cap=context.console_cap,  # the kernel drops (and counts) the rest itself
+            )
     finally:
         if reuse is not None and offered:
             reuse.forget_taken(offered)

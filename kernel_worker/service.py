@@ -22,9 +22,17 @@ from kernel_pool import KernelKind, KernelStartError, Lease, PoolClosed
 from .cancellation import unless_cancelled
 from .environments import LockedEnvironmentError
 from .environments.kernels import PreparedKind
-from .errors import CellTimedOut, EnvironmentFailed, KernelCrashed, WorkerBusy, storage_checked
+from .errors import (
+    CellTimedOut,
+    EnvironmentFailed,
+    KernelCrashed,
+    LanguageUnavailable,
+    WorkerBusy,
+    storage_checked,
+)
 from .execution import ConsoleListener, run_cell
 from .jobs import Execution, Job, JobResult
+from .languages import run_r_cell
 from .mounts.materialize import materialize, sync_back
 from .protocol.bundle import BundlePlan, CellOutcome, plan_bundle
 from .protocol.envelopes import CellRequest
@@ -111,9 +119,12 @@ async def execute_to_bundle(
     hand the plan to ``deliver`` (see :func:`in_memory_or_streamed`, :func:`to_file`)."""
 
     async def body() -> _T:
+        # an R cell runs on the R kernels' pool (raises where R cells cannot run here)
+        r_kind = state.r_kernels.kind_for(cell.environment) if cell.language == "r" else None
         # the environment is built (or found) before a kernel is held: not in the cell's time
-        prepared = await _prepared_environment(state, cell, execution)
-        kind = prepared.kind if prepared is not None else None
+        prepared = await _prepared_environment(state, cell, execution) if r_kind is None else None
+        kind = prepared.kind if prepared is not None else r_kind
+        run = run_cell if r_kind is None else run_r_cell
         # remote data is fetched before a kernel is held, and synced back after it is free
         with state.tracing.step("worker.mounts") if cell.mounts else _UNTRACED:
             mounted = await materialize(cell.mounts, run_dir.root, state.mount_cache)
@@ -125,7 +136,7 @@ async def execute_to_bundle(
                 if on_start is not None:
                     on_start()
                 with _observed(state) as observe, state.tracing.step("worker.run_cell"):
-                    outcome = await run_cell(
+                    outcome = await run(
                         lease, cell, run_dir, state.context, console=console, mounts=mounted.paths
                     )
                     observe("success" if outcome.success else "cell_error")
@@ -133,7 +144,9 @@ async def execute_to_bundle(
                     log.info("the cell raised %s", _type_name(outcome.error_type))
         except PoolClosed:
             raise WorkerBusy("Worker is shutting down") from None
-        except KernelStartError as exc:  # only an environment's new pool starts at a lease
+        except KernelStartError as exc:  # only an environment's (or R's) new pool starts here
+            if r_kind is not None:
+                raise LanguageUnavailable(f"the R kernels could not start: {exc}") from None
             raise EnvironmentFailed(f"its kernels could not start: {exc}") from None
         finally:
             waiting.end()

@@ -144,6 +144,10 @@ class Settings:
     max_kernels: int | None = None
     """Kernels of every pool together; None: the worker's own pool plus 4."""
     env_max_disk: int | None = None
+    r_kernels: bool = True
+    """Run R cells on IRkernel kernels, where R and what the R side needs are found."""
+    r_pool_size: int = 1
+    """Kernels of the R cells' pool (started on the first R cell)."""
     kernel_start_timeout: float = 600.0
     """Seconds a kernel may take to start, its preload included (a model may load for long)."""
     recycle: RecyclePolicy = RecyclePolicy.RESET

@@ -16,6 +16,7 @@ from kernel_pool import Pool, PoolSet
 from .errors import WorkerBusy
 from .execution import ExecutionContext
 from .jobs import Execution, JobQueue
+from .languages import RKernels
 from .settings import Settings
 from .tracing import OFF, Tracing
 
@@ -42,6 +43,8 @@ class WorkerState:
     environments: LockedKernels
     memory: MemoryWatch
     """The pools' memory, measured in the background (never by a probe)."""
+    r_kernels: RKernels = field(default_factory=lambda: RKernels(enabled=False))
+    """R cells: whether they run here, and the kind of kernel that runs them."""
     started_at: float = field(default_factory=time.monotonic)
     executions: list[Execution] = field(default_factory=list)
     uploads: int = 0

@@ -15,7 +15,14 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from starlette.responses import Response
 
-from kernel_pool import KernelKind, KernelSetup, PoolConfig, PoolSet, ShippedPackage
+from kernel_pool import (
+    KernelKind,
+    KernelSetup,
+    PoolConfig,
+    PoolSet,
+    RecyclePolicy,
+    ShippedPackage,
+)
 
 from .. import __version__, agent, tracing
 from ..environments import EnvironmentStore, default_registry_url, default_root
@@ -24,6 +31,7 @@ from ..errors import WorkerError, error_response
 from ..execution import ExecutionContext
 from ..jobs import JobQueue
 from ..kernel_env import ALLOWLIST_ENV_VAR, kernel_environment, parse_allowlist
+from ..languages import RKernels
 from ..logs import PROBE_PATHS, RequestIdMiddleware
 from ..memory_watch import MemoryWatch
 from ..metrics import WorkerMetrics
@@ -102,10 +110,20 @@ def pool_set(settings: Settings, default: PoolConfig) -> PoolSet:
     own size, no spares, no preload: ``--preload`` is for the worker's environment)."""
 
     def config_for(kind: KernelKind) -> PoolConfig:
+        if kind.language == "r":
+            return r_pool_config(settings, default, kind)
         return replace(default, kind=kind, size=settings.env_pool_size, spares=0)
 
     cap = settings.max_kernels or default.target_kernels + 4
     return PoolSet(default, config_for, max_kernels=cap)
+
+
+def r_pool_config(settings: Settings, default: PoolConfig, kind: KernelKind) -> PoolConfig:
+    """The R cells' pool: the worker's rules (recycle, uses, memory, users), its own size;
+    spares only where no kernel is reused (``--recycle fresh``), no GPU slots."""
+    fresh = settings.recycle is RecyclePolicy.FRESH
+    spares = settings.spares if fresh else 0
+    return replace(default, kind=kind, size=settings.r_pool_size, spares=spares, gpu_slots=())
 
 
 def locked_kernels(settings: Settings, kernel_env: dict[str, str], pools: PoolSet) -> LockedKernels:
@@ -199,6 +217,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     state = WorkerState(
         settings, pool, context, jobs, metrics, mount_cache, pools, environments, memory
     )
+    state.r_kernels = RKernels(settings.r_kernels)
 
     app = FastAPI(
         title="strata-kernel-worker",

@@ -131,7 +131,7 @@ def _features(state: WorkerState) -> dict[str, object]:
         "output_dirs": True,
         "folder_inputs": True,
         "locked_environments": state.environments.enabled,
-        "languages": ["python"],
+        "languages": ["python", "r"] if state.r_kernels.available else ["python"],
         "locked_r_environments": False,
         "mount_cache_probe": True,
     }

@@ -103,6 +103,7 @@ async def _start(state: WorkerState, stack: AsyncExitStack) -> bool:
     stack.push_async_callback(state.pools.aclose)  # every environment's pool, then the default
     stack.push_async_callback(state.environments.aclose)  # (its warm-up stopped first)
     await state.environments.start()  # begins the environments' warm-up, beside the pools'
+    await state.r_kernels.start()  # looks for R once; its pool starts on the first R cell
     # the metrics port first: one in use fails at once, not after the kernels start
     metrics_server = _serve_metrics(settings, state.metrics)
     if metrics_server is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from .environment import SETTINGS
 from .environments import OPTIONS as ENVIRONMENT_OPTIONS
 from .kernels import OPTIONS as KERNEL_OPTIONS
+from .languages import OPTIONS as LANGUAGE_OPTIONS
 from .model import Option, Setting
 from .parsing import ENV_PREFIX
 from .runs import OPTIONS as RUN_OPTIONS
@@ -32,6 +33,7 @@ GROUPS: tuple[tuple[str, tuple[Option, ...]], ...] = (
     ("Serving", SERVING_OPTIONS),
     ("Kernels", KERNEL_OPTIONS),
     ("Locked environments", ENVIRONMENT_OPTIONS),
+    ("R cells", LANGUAGE_OPTIONS),
     ("Runs and their caps", RUN_OPTIONS),
 )
 OPTIONS: tuple[Option, ...] = tuple(option for _, group in GROUPS for option in group)

@@ -293,14 +293,15 @@ def _tables(value: object) -> Mapping[str, TableRef]:
 
 
 def _language(value: object) -> str:
-    """``python`` (or empty, the reference's default); no other language runs here."""
+    """``python`` (or empty, the reference's default) or ``r``; no other language runs here
+    (whether R can run on this worker is the service's to say)."""
     if value is None or value == "":
         return "python"
     if not isinstance(value, str):
         raise BadRequest(f"language must be a string, not {_json_type(value)}")
-    if value != "python":
+    if value not in ("python", "r"):
         raise BadRequest(f"unsupported cell language {_echo(value)!r}")
-    return "python"
+    return value
 
 
 def _build_id(value: object) -> str | None:

@@ -560,10 +560,15 @@ def test_build_id_must_be_a_string() -> None:
     assert v1_detail(v1(build_id=5)) == "build_id must be a string, not a number"
 
 
-@pytest.mark.parametrize(("language", "shown"), [("r", "'r'"), ("julia", "'julia'")])
+@pytest.mark.parametrize(("language", "shown"), [("R", "'R'"), ("julia", "'julia'")])
 def test_unsupported_language(language: Any, shown: str) -> None:
     assert v1_detail(v1(params={"language": language})) == f"unsupported cell language {shown}"
     assert flat_detail(flat(language=language)) == f"unsupported cell language {shown}"
+
+
+def test_r_is_a_language() -> None:  # whether this worker can run it is the service's to say
+    assert parse_v1(v1(params={"language": "r"})).language == "r"
+    assert parse_v1(v1(params={})).language == "python"
 
 
 @pytest.mark.parametrize(("language", "shown"), [(5, "a number"), (False, "a boolean"), ([], "a list")])

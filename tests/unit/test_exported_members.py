@@ -6,6 +6,8 @@ import kernel_pool
 import kernel_pool.forkserver
 import kernel_pool.inkernel
 import kernel_worker.agent
+import kernel_worker.languages
+import kernel_worker.languages.r
 
 
 def test_kernel_pool_exports() -> None:
@@ -71,6 +73,13 @@ def test_the_agent_exports() -> None:
     assert kernel_worker.agent.__all__ == ["AGENT_PACKAGE", "INSTALL"]
 
 
+def test_the_languages_exports() -> None:
+    assert kernel_worker.languages.__all__ == ["R_UNAVAILABLE", "RKernels", "run_r_cell"]
+    assert kernel_worker.languages.r.__all__ == ["R_UNAVAILABLE", "RKernels", "run_r_cell"]
+
+
 def test_every_exported_name_exists() -> None:
-    for package in (kernel_pool, kernel_pool.forkserver, kernel_pool.inkernel, kernel_worker.agent):
+    packages = (kernel_worker.languages, kernel_worker.languages.r)
+    for package in (kernel_pool, kernel_pool.forkserver, kernel_pool.inkernel, kernel_worker.agent,
+                    *packages):  # fmt: skip
         assert [name for name in package.__all__ if not hasattr(package, name)] == []
