@@ -45,7 +45,7 @@ from .helper_source import (
     setup_code,
     shipped_packages,
 )
-from .kinds import LanguageCode
+from .inbox import Inbox
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
@@ -107,6 +107,7 @@ class Kernel:
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._channels: KernelChannels | None = None
         self._reset_verdicts: dict[str, InlineReset] = {}
+        self._inbox = Inbox(self._events, self._reset_verdicts)  # what nobody awaits is dropped
         self._fork_server = fork_server
         self._process: KernelProcess | None = None
         self._exit_code: int | None = None
@@ -121,7 +122,7 @@ class Kernel:
         self._tmp_dir.mkdir(mode=0o700)
         self.died = asyncio.Event()
         self._on_death = on_death
-        self._oversized = False  # it published more than max_iopub_message in one message
+        self._oversized = False  # it sent more than max_iopub_message in one message
 
     # -- start -------------------------------------------------------------------------------
 
@@ -150,8 +151,7 @@ class Kernel:
         if self._identity is not None:
             os.chown(self._kernel_dir, *self._identity)
             os.chown(self._tmp_dir, *self._identity)
-        ipykernel = KERNEL_ARGS if self._config.kind.code is None else ()
-        arguments = [*ipykernel, *self._config.extra_arguments]
+        arguments = [*KERNEL_ARGS, *self._config.extra_arguments]
         own_user = self._identity is not None
         env = kernel_environment(
             self._config, self.slot, self._kernel_dir, self._tmp_dir, own_user=own_user
@@ -165,7 +165,7 @@ class Kernel:
             await forked.start(
                 self._fork_server, arguments, env, cwd, self._identity,
                 shipped_packages(self._config), deadline, kind.preload,
-                self._config.start_timeout_seconds, kind.entered,
+                self._config.start_timeout_seconds,
             )  # fmt: skip
         else:
             own_spec = kind.kernel_name is None
@@ -198,31 +198,12 @@ class Kernel:
         """
         while True:
             msg_id = self._shell().send("kernel_info_request", {})
-            if await answered_with_iopub(self._events, msg_id, deadline, self.kernel_id):
-                return
+            self._inbox.sent(msg_id, reply=True)
+            with self._inbox.reading():
+                if await answered_with_iopub(self._events, msg_id, deadline, self.kernel_id):
+                    return
 
     async def _run_startup_code(self, deadline: float) -> None:
-        code = self._config.kind.code
-        if code is not None:  # another language: the kind's own code, not the pool's helper
-            await self._run_language_startup(code, deadline)
-        else:
-            await self._run_python_startup(deadline)
-        self._baseline_children = frozenset(self._child_pids())
-        if self.pid is not None:
-            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
-            # code: after each cell only the main thread and newer threads are looked at
-            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
-
-    async def _run_language_startup(self, code: LanguageCode, deadline: float) -> None:
-        """The kind's setup, the preload and the kernel init (as cells), then its capture."""
-        kind = self._config.kind
-        stages = [("preload", kind.preload), ("kernel init", kind.kernel_init)]
-        steps = [("setup", code.setup), *stages, ("baseline", code.capture)]
-        for what, source in steps:
-            if source:
-                await self._startup_step(what, source, deadline, {})
-
-    async def _run_python_startup(self, deadline: float) -> None:
         # a forked kernel has the shipped packages loaded already (see the fork server)
         loaded = self._process is not None and self._process.has_agent
         setup = setup_code(self._config, self.slot, loaded=loaded)
@@ -241,6 +222,11 @@ class Kernel:
             if position == len(steps) - 1:
                 calls.update(capture)
             await self._startup_step(what, code, deadline, calls)
+        self._baseline_children = frozenset(self._child_pids())
+        if self.pid is not None:
+            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
+            # code: after each cell only the main thread and newer threads are looked at
+            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
 
     async def _startup_step(
         self, what: str, code: str, deadline: float, helper_calls: Mapping[str, str]
@@ -288,7 +274,7 @@ class Kernel:
     def _deliver(self, channel: str, msg: dict[str, Any]) -> None:
         if channel == UNREADABLE and msg.get("oversized"):
             self._oversized = True
-        self._events.put_nowait((channel, msg))
+        self._inbox.deliver(channel, msg)
 
     def _shell(self) -> KernelChannels:
         if self._channels is None:
@@ -328,7 +314,7 @@ class Kernel:
         stray = self.stray_children()
         problems = [f"{len(stray)} child process(es) still running"] if stray else []
         if self._oversized:  # what it published was lost: its state is not known
-            problems.append("it published an IOPub message over the pool's limit")
+            problems.append("it sent a message over the pool's limit")
         return problems
 
     def stray_children(self) -> list[int]:
@@ -393,12 +379,15 @@ class Kernel:
         msg_id = self._shell().send(
             "execute_request", content, metadata=request_metadata, buffers=buffers
         )
+        self._inbox.sent(msg_id, reply=True)
         outputs: list[Output] = []
         sink = on_output if on_output is not None else outputs.append
         try:
-            reply = await self._collect(msg_id, deadline, sink)
+            with self._inbox.reading():
+                reply = await self._collect(msg_id, deadline, sink)
         except TimeoutError:
-            await self._timeout_ladder(msg_id, sink)
+            with self._inbox.reading():
+                await self._timeout_ladder(msg_id, sink)
             raise ExecutionTimeout(max(0.0, deadline - started)) from None
         return ExecuteResult(reply, tuple(outputs), time.monotonic() - started, msg_id)
 
@@ -418,11 +407,14 @@ class Kernel:
         if self.died.is_set():
             raise KernelDied(self._exit_code)
         msg_id = self._shell().send(msg_type, content, buffers=buffers)
+        self._inbox.sent(msg_id, reply=False)
         outputs: list[Output] = []
         try:
-            await self._collect(msg_id, deadline, outputs.append, reply=False)
+            with self._inbox.reading():
+                await self._collect(msg_id, deadline, outputs.append, reply=False)
         except TimeoutError:
-            await self._timeout_ladder(msg_id, outputs.append)
+            with self._inbox.reading():
+                await self._timeout_ladder(msg_id, outputs.append)
             raise ExecutionTimeout(0.0) from None
         return tuple(outputs)
 
@@ -452,9 +444,6 @@ class Kernel:
 
     async def reset(self, deadline: float) -> list[str]:
         """Reset to the baseline; return the problems that make this kernel unfit for reuse."""
-        code = self._config.kind.code
-        if code is not None:
-            return await self._reset_language(code, deadline)
         result = await self.execute(
             "", deadline=deadline, silent=True, store_history=False,
             user_expressions={"r": f"{HELPER}.reset()"},
@@ -466,27 +455,19 @@ class Kernel:
         self.keep_library_processes(library_pids(report))
         return [str(p) for p in report.get("problems", [])] + self.stray_problems()
 
-    async def _reset_language(self, code: LanguageCode, deadline: float) -> list[str]:
-        """The kind's own reset: an error reply names what it could not put back."""
-        result = await self.execute(code.reset, deadline=deadline, store_history=False)
-        problems = [] if result.ok else [f"reset: {result.reply.get('evalue', '')}".strip()]
-        return problems + self.stray_problems()
-
     async def reset_verdict(self, msg_id: str, deadline: float) -> InlineReset | None:
         """The verdict of the reset the kernel ran after request ``msg_id`` (``reset_after``).
 
-        None if the kernel died or sent none by ``deadline``, or resets only when asked (a
-        kind with :attr:`~KernelKind.code` of its own).
+        None if the kernel died or sent none by ``deadline``.
         """
-        if self._config.kind.code is not None:
-            return None
         verdict = self._reset_verdicts.pop(msg_id, None)
         while verdict is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
             try:
-                channel, msg = await next_event(self._events, remaining)
+                with self._inbox.reading():
+                    channel, msg = await next_event(self._events, remaining)
             except TimeoutError:
                 return None
             if channel in ("died", UNREADABLE):  # the full reset decides (and finds it too)

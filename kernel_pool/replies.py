@@ -37,9 +37,9 @@ _LOST_OUTPUT = (
     "that could not be read (did the cell change how json encodes?)\n"
 )
 _DROPPED_OUTPUT = (
-    "[strata-kernel-worker] outputs of this cell were lost: the kernel published a message "
-    "of more than {limit} bytes, the most that is read of one; it and what the kernel "
-    "published right after it were dropped, and this kernel is replaced\n"
+    "[strata-kernel-worker] outputs of this cell were lost: the kernel sent a message "
+    "of more than {limit} bytes, the most that is read of one; it was dropped, and this "
+    "kernel is replaced\n"
 )
 
 
@@ -108,10 +108,12 @@ async def collect(
             events.put_nowait((channel, msg))  # stays visible to later calls
             raise KernelDied(msg)
         if channel == UNREADABLE:
-            if msg["channel"] == "shell":  # the reply: nothing else comes on that socket
-                raise KernelNoReply("kernel sent an unreadable reply")
-            unreadable += 1  # what was lost is said where the cell's output goes
             limit = msg.get("oversized")
+            if msg["channel"] == "shell" and not limit:  # the reply, badly signed or formed
+                raise KernelNoReply("kernel sent an unreadable reply")
+            # what was lost (an output, the idle status, or, over the limit on the shell
+            # socket, maybe the reply) is said where the cell's output goes
+            unreadable += 1
             if not limit:
                 sink(Output("stream", {"name": "stderr", "text": _LOST_OUTPUT}, ()))
             elif limit not in said:  # once: a kernel may send thousands

@@ -73,6 +73,30 @@ IOPUB_OVERSIZED_1GB = (  # 125 messages of 8 MiB each on the IOPub socket: each 
     "    own.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
     "del kernel, parent, content, own, Session\n"
 )
+SESSION_OF_ITS_OWN = (
+    "kernel = get_ipython().kernel\n"
+    "parent = kernel.get_parent('shell')\n"
+    "from jupyter_client.session import Session\n"
+    "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
+)
+MANY_FRAMES = SESSION_OF_ITS_OWN + (  # one display_data of 400 buffers of 500 KiB: 200 MB
+    "chunk = b'x' * (500 << 10)\n"
+    "own.send(kernel.iopub_socket, 'display_data', {'data': {}, 'metadata': {}},\n"
+    "         parent=parent, buffers=[chunk] * 400)\n"
+    "del kernel, parent, own, Session, chunk\n"
+)
+SHELL_REPLIES = SESSION_OF_ITS_OWN + (  # four extra replies of 100 MiB on the shell socket
+    "content = {'status': 'ok', 'pad': 'r' * (100 << 20)}\n"
+    "for _ in range(4):\n"
+    "    own.send(kernel.shell_stream.socket, 'execute_reply', content, parent=parent,\n"
+    "             ident=kernel._parent_ident['shell'])\n"
+    "del kernel, parent, own, Session, content\n"
+)
+PAYLOADS = (  # IPython's own way into execute_reply: three payloads of 50 MB
+    "for _ in range(3):\n"
+    "    get_ipython().payload_manager.write_payload(\n"
+    "        {'source': 'page', 'data': {'text/plain': 'p' * (50 << 20)}})\n"
+)
 PID = "import os\nprint(os.getpid())\n"
 
 
@@ -272,3 +296,39 @@ async def test_the_kernel_publishes_at_most_the_cap_in_small_messages() -> None:
         )
         assert stdout_of(uncapped) == "z" * 100 + "\n0\n"
         assert not [o for o in uncapped.outputs if o.msg_type == STREAM_DROPPED_MSG_TYPE]
+
+
+def _assert_within_64_mib(growth: int, answers: list[int]) -> None:
+    assert growth <= 64 * MIB, f"the worker grew {growth / MIB:.1f} MiB above idle"
+    assert answers and all(status == 200 for status in answers), answers
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("source", [MANY_FRAMES, SHELL_REPLIES], ids=["frames", "shell"])
+def test_a_message_over_the_limit_is_never_held_however_it_is_sent(
+    solo: WorkerProcess, source: str
+) -> None:
+    """A message is bounded by its bytes as its frames arrive, on the shell socket as on
+    IOPub: 400 buffers of 500 KiB (each frame under the limit) or replies of 100 MiB are
+    skipped as they come, the worker stays within 64 MiB of idle, and the kernel that sent
+    them is replaced."""
+    before = _pid(solo)
+    response, growth, answers = _watched(solo, source)
+    _assert_within_64_mib(growth, answers)
+    if response.status_code == 200:
+        bundle = read_bundle(response)
+        assert f"a message of more than {IOPUB_MESSAGE_BYTES} bytes" in bundle.stderr()
+    else:
+        assert "stopped answering" in response.text, (response.status_code, response.text)
+    assert _pid(solo) != before
+
+
+@pytest.mark.timeout(300)
+def test_payloads_are_cut_in_the_kernel(solo: WorkerProcess) -> None:
+    """Payloads IPython puts in ``execute_reply`` (150 MB here) are cut where the reply is
+    sent: the cell succeeds, the worker stays within 64 MiB of idle, the kernel is kept."""
+    before = _pid(solo)
+    response, growth, answers = _watched(solo, PAYLOADS)
+    _assert_within_64_mib(growth, answers)
+    assert read_bundle(response).manifest["success"]
+    assert _pid(solo) == before
