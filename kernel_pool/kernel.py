@@ -45,6 +45,7 @@ from .helper_source import (
     setup_code,
     shipped_packages,
 )
+from .kinds import LanguageCode
 from .inbox import Inbox
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
@@ -151,7 +152,8 @@ class Kernel:
         if self._identity is not None:
             os.chown(self._kernel_dir, *self._identity)
             os.chown(self._tmp_dir, *self._identity)
-        arguments = [*KERNEL_ARGS, *self._config.extra_arguments]
+        ipykernel = KERNEL_ARGS if self._config.kind.code is None else ()
+        arguments = [*ipykernel, *self._config.extra_arguments]
         own_user = self._identity is not None
         env = kernel_environment(
             self._config, self.slot, self._kernel_dir, self._tmp_dir, own_user=own_user
@@ -165,7 +167,7 @@ class Kernel:
             await forked.start(
                 self._fork_server, arguments, env, cwd, self._identity,
                 shipped_packages(self._config), deadline, kind.preload,
-                self._config.start_timeout_seconds,
+                self._config.start_timeout_seconds, kind.entered,
             )  # fmt: skip
         else:
             own_spec = kind.kernel_name is None
@@ -204,6 +206,27 @@ class Kernel:
                     return
 
     async def _run_startup_code(self, deadline: float) -> None:
+        code = self._config.kind.code
+        if code is not None:  # another language: the kind's own code, not the pool's helper
+            await self._run_language_startup(code, deadline)
+        else:
+            await self._run_python_startup(deadline)
+        self._baseline_children = frozenset(self._child_pids())
+        if self.pid is not None:
+            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
+            # code: after each cell only the main thread and newer threads are looked at
+            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
+
+    async def _run_language_startup(self, code: LanguageCode, deadline: float) -> None:
+        """The kind's setup, the preload and the kernel init (as cells), then its capture."""
+        kind = self._config.kind
+        stages = [("preload", kind.preload), ("kernel init", kind.kernel_init)]
+        steps = [("setup", code.setup), *stages, ("baseline", code.capture)]
+        for what, source in steps:
+            if source:
+                await self._startup_step(what, source, deadline, {})
+
+    async def _run_python_startup(self, deadline: float) -> None:
         # a forked kernel has the shipped packages loaded already (see the fork server)
         loaded = self._process is not None and self._process.has_agent
         setup = setup_code(self._config, self.slot, loaded=loaded)
@@ -222,11 +245,6 @@ class Kernel:
             if position == len(steps) - 1:
                 calls.update(capture)
             await self._startup_step(what, code, deadline, calls)
-        self._baseline_children = frozenset(self._child_pids())
-        if self.pid is not None:
-            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
-            # code: after each cell only the main thread and newer threads are looked at
-            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
 
     async def _startup_step(
         self, what: str, code: str, deadline: float, helper_calls: Mapping[str, str]
@@ -444,6 +462,9 @@ class Kernel:
 
     async def reset(self, deadline: float) -> list[str]:
         """Reset to the baseline; return the problems that make this kernel unfit for reuse."""
+        code = self._config.kind.code
+        if code is not None:
+            return await self._reset_language(code, deadline)
         result = await self.execute(
             "", deadline=deadline, silent=True, store_history=False,
             user_expressions={"r": f"{HELPER}.reset()"},
@@ -455,11 +476,20 @@ class Kernel:
         self.keep_library_processes(library_pids(report))
         return [str(p) for p in report.get("problems", [])] + self.stray_problems()
 
+    async def _reset_language(self, code: LanguageCode, deadline: float) -> list[str]:
+        """The kind's own reset: an error reply names what it could not put back."""
+        result = await self.execute(code.reset, deadline=deadline, store_history=False)
+        problems = [] if result.ok else [f"reset: {result.reply.get('evalue', '')}".strip()]
+        return problems + self.stray_problems()
+
     async def reset_verdict(self, msg_id: str, deadline: float) -> InlineReset | None:
         """The verdict of the reset the kernel ran after request ``msg_id`` (``reset_after``).
 
-        None if the kernel died or sent none by ``deadline``.
+        None if the kernel died or sent none by ``deadline``, or resets only when asked (a
+        kind with :attr:`~KernelKind.code` of its own).
         """
+        if self._config.kind.code is not None:
+            return None
         verdict = self._reset_verdicts.pop(msg_id, None)
         while verdict is None:
             remaining = deadline - time.monotonic()
