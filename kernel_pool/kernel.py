@@ -45,15 +45,15 @@ from .helper_source import (
     setup_code,
     shipped_packages,
 )
-from .kinds import LanguageCode
 from .inbox import Inbox
+from .kinds import LanguageCode
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
+from .leftovers import release_uid
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
 from .processes import (
     KernelIdentity,
     descendants,
     kernel_identity,
-    kill_uid,
     processes_of_uid,
     signal_group,
     threads_of,
@@ -124,6 +124,8 @@ class Kernel:
         self.died = asyncio.Event()
         self._on_death = on_death
         self._oversized = False  # it sent more than max_iopub_message in one message
+        self._uid_released = False  # its uid's processes and leftovers are gone (once)
+        self._kept: set[str] = set()  # folders handed to its uid that outlive it
 
     # -- start -------------------------------------------------------------------------------
 
@@ -320,6 +322,11 @@ class Kernel:
     def own_uid(self) -> int | None:
         """The uid only this kernel runs as (``kernel_uids``), if any."""
         return self._identity[0] if self._own_uid and self._identity is not None else None
+
+    def keep(self, path: str) -> None:
+        """A folder handed to this kernel's uid that its owner removes itself (a run
+        directory): what the uid left elsewhere is removed when the kernel ends."""
+        self._kept.add(os.path.abspath(path))
 
     def keep_library_processes(self, pids: Iterable[int]) -> None:
         """Count these children (a library's helpers, named by the kernel's reset) as part
@@ -558,6 +565,10 @@ class Kernel:
             channels.close()
             self._channels = None
         uid = self.own_uid
-        if uid is not None:  # all of the kernel, wherever it went: then its uid is free
-            await asyncio.to_thread(kill_uid, uid)
+        # all of the kernel, wherever it went, and what its uid left: then the uid is free.
+        # Once, while the pool still counts the uid as this kernel's: a second kill (the
+        # retirement after a timeout's) must not reach the next kernel of that uid
+        if uid is not None and not self._uid_released:
+            self._uid_released = True
+            await asyncio.to_thread(release_uid, uid, frozenset(self._kept))
         await asyncio.to_thread(shutil.rmtree, self._kernel_dir, True)

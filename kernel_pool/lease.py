@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -62,6 +63,12 @@ class Lease:
     def identity(self) -> tuple[int, int] | None:
         """(uid, gid) the kernel runs as, when it runs as another user than the pool."""
         return self._kernel.identity
+
+    def keep(self, path: str | os.PathLike[str]) -> None:
+        """A folder handed to the kernel's uid (``identity``) that the caller removes
+        itself: when the kernel ends, what its uid owns elsewhere in the shared folders is
+        removed, and this is left alone."""
+        self._kernel.keep(os.fspath(path))
 
     @property
     def in_flight(self) -> bool:

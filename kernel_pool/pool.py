@@ -377,6 +377,7 @@ class Pool:
             await kernel.kill()
         finally:
             self._retiring.discard(kernel)
+            self._refill_wanted.set()  # its uid is free now (a refill may wait for it)
 
     def _on_kernel_death(self, kernel: Kernel) -> None:
         """A kernel nobody holds died (e.g. a cell asked it to exit): replace it now."""
@@ -456,6 +457,8 @@ class Pool:
                 self._restart_delay = min(delay * 2, largest)
             for _ in range(self.config.target_kernels - len(self._kernels)):
                 if self._closing.is_set():
+                    break
+                if self._waiting_for_a_uid():  # the retiring kernel's end wakes us up
                     break
                 try:  # counted at once: a wake-up before it starts must not add another
                     kernel = self._add_kernel()
@@ -547,8 +550,21 @@ class Pool:
         )
 
     def held_uids(self) -> set[int]:
-        """The uids of ``kernel_uids`` that this pool's kernels hold."""
-        return {uid for k in self._kernels.values() if (uid := k.own_uid) is not None}
+        """The uids of ``kernel_uids`` that this pool's kernels hold, a retired kernel's
+        until it is torn down (its processes killed, what its uid left removed): a uid
+        goes to a new kernel only after that."""
+        kernels = [*self._kernels.values(), *self._retiring]
+        return {uid for k in kernels if (uid := k.own_uid) is not None}
+
+    def _waiting_for_a_uid(self) -> bool:
+        """Every uid of the range is held, one by a kernel being torn down."""
+        if self.config.kernel_uids is None or not self._retiring:
+            return False
+        first, last = self.config.kernel_uids
+        held = self.held_uids()
+        if self._uids_elsewhere is not None:
+            held |= self._uids_elsewhere()
+        return all(uid in held for uid in range(first, last + 1))
 
     def kernel_pids(self) -> dict[str, int | None]:
         """Process ids of the live kernels (for diagnostics and tests)."""

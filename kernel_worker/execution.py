@@ -140,6 +140,7 @@ async def run_cell(
     owner = lease.identity or context.kernel_owner  # the leased kernel's own uid, if any
     if owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, owner)
+        lease.keep(run_dir.root)  # the worker removes it: not with what the uid left elsewhere
     reducer = OutputReducer(context.console_cap, console, displays=context.limits.display_caps)
     started = time.monotonic()
     try:

@@ -51,6 +51,7 @@ async def run_r_cell(
     owner = lease.identity or context.kernel_owner
     if owner is not None:
         await asyncio.to_thread(hand_over, run_dir.root, owner)
+        lease.keep(run_dir.root)  # the worker removes it: not with what the uid left elsewhere
     reducer = OutputReducer(context.console_cap, console, displays=context.limits.display_caps)
     started = time.monotonic()
     with kernel_failures(request.timeout_seconds):
