@@ -165,9 +165,13 @@ class PreparedRequest:
 
 
 def prepare_request(
-    case: Case, payload: bytes | None, environment: dict[str, str] | None = None
+    case: Case,
+    payload: bytes | None,
+    environment: dict[str, str] | None = None,
+    language: str | None = None,
 ) -> PreparedRequest:
-    """``environment``: a locked environment for ``params.environment``, as Strata sends it."""
+    """``environment``: a locked environment for ``params.environment``, as Strata sends it;
+    ``language``: ``params.language`` (none: Python, the default)."""
     inputs: list[dict[str, str]] = []
     files: dict[str, tuple[str, bytes, str]] = {}
     if payload is not None:
@@ -176,6 +180,8 @@ def prepare_request(
     params: dict[str, Any] = {"source": case.source, "timeout_seconds": TIMEOUT_SECONDS}
     if environment is not None:
         params["environment"] = environment
+    if language is not None:
+        params["language"] = language
     metadata = {
         "protocol_version": "v1",
         "transform": {

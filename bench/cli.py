@@ -26,6 +26,7 @@ from .errors import BenchError, Failure
 from .plan import BenchPlan
 from .pool_bench import run_pool_bench
 from .processes import build_reference, find_reference_bin
+from .r_cells import r_lines, r_targets, run_r_cells
 from .report import evaluate_targets, render_table
 from .template import TemplatePlan, run_template
 from .template_report import template_lines, template_targets
@@ -36,7 +37,8 @@ log = logging.getLogger("bench")
 RESULTS = Path(__file__).resolve().parent / "results"
 TEMPLATE = "template"  # a case with workers of its own, run after the worker level
 ENVIRONMENTS = "environments"  # the same: its workers each need a fresh environment root
-OWN_CASES = frozenset({TEMPLATE, ENVIRONMENTS})
+R_CELLS = "r"  # the same: R cells, ours and the reference each started alone
+OWN_CASES = frozenset({TEMPLATE, ENVIRONMENTS, R_CELLS})
 UNCHARTED_CASES = frozenset({"libraries", *OWN_CASES})  # the chart has no panel for these
 
 
@@ -88,7 +90,7 @@ def _cases(args: argparse.Namespace, parser: argparse.ArgumentParser) -> frozens
     if args.only == "pool":
         parser.error("--cases selects worker-level cases: not with --only pool")
     names = frozenset(n for item in args.cases for n in item.split(",") if n)
-    known = (*case_names(full=args.full), TEMPLATE, ENVIRONMENTS)
+    known = (*case_names(full=args.full), TEMPLATE, ENVIRONMENTS, R_CELLS)
     unknown = sorted(names - set(known))
     if unknown:
         parser.error(f"unknown case(s) {', '.join(unknown)}; known: {', '.join(known)}"
@@ -134,6 +136,11 @@ async def _run(
                 EnvironmentsPlan.make(quick=plan.quick), reference.binary, workdir,
                 results_dir / "logs", failures,
             )  # fmt: skip
+        if only in (None, "worker") and (cases is None or R_CELLS in cases):
+            log.info("R case: a trivial R cell, ours beside the reference")
+            results[R_CELLS] = await run_r_cells(
+                plan.quick, reference.binary, workdir, results_dir / "logs", failures
+            )
     finally:
         await asyncio.to_thread(shutil.rmtree, workdir, True)
     results["failures"] = [f.as_dict() for f in failures]
@@ -179,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     meta = _meta(args, plan, cases, time.monotonic() - started, load_before)
     results = {"meta": meta, **results}
     results["targets"] = (evaluate_targets(results) + template_targets(results.get(TEMPLATE))
-                          + environments_targets(results.get(ENVIRONMENTS)))  # fmt: skip
+                          + environments_targets(results.get(ENVIRONMENTS))
+                          + r_targets(results.get(R_CELLS)))  # fmt: skip
     args.results_dir.mkdir(parents=True, exist_ok=True)
     stem = results_stem(cases)
     json_path, chart_path = (args.results_dir / f"{stem}{ext}" for ext in (".json", ".png"))
@@ -192,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print("\n".join(template_lines(results[TEMPLATE])) + "\n")
     if results.get(ENVIRONMENTS):
         print("\n".join(environments_lines(results[ENVIRONMENTS])) + "\n")
+    if results.get(R_CELLS):
+        print("\n".join(r_lines(results[R_CELLS])) + "\n")
     print(render_table(results))
     print(f"\nresults: {json_path}" + (f", chart: {chart_path}" if charted else ""))
     if results["failures"]:
