@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import pathlib
+from types import ModuleType
+
+import pytest
+
 import kernel_pool
 import kernel_pool.forkserver
 import kernel_pool.inkernel
@@ -78,8 +84,100 @@ def test_the_languages_exports() -> None:
     assert kernel_worker.languages.r.__all__ == ["R_UNAVAILABLE", "RKernels", "run_r_cell"]
 
 
+# kernel_worker's other packages; those exporting nothing are namespaces of modules
+WORKER_EXPORTS = {
+    "kernel_worker": ["__version__"],
+    "kernel_worker.client": [
+        "AsyncClient",
+        "CellError",
+        "CellResult",
+        "CellTimeout",
+        "Client",
+        "ClientError",
+        "Display",
+        "EncodedInput",
+        "InputEncodingError",
+        "OutputDecodingError",
+        "Outputs",
+        "Progress",
+        "ProtocolError",
+        "RequestFailed",
+        "WorkerUnreachable",
+    ],
+    "kernel_worker.environments": [
+        "KERNEL_REQUIREMENTS",
+        "BuiltEnvironment",
+        "EnvironmentBuildError",
+        "EnvironmentOrigin",
+        "EnvironmentSpec",
+        "EnvironmentSpecError",
+        "EnvironmentStore",
+        "EnvironmentUsage",
+        "LockedEnvironmentError",
+        "SourceBuildRefused",
+        "archive_url",
+        "default_registry_url",
+        "default_root",
+        "lock_key",
+        "parse_environment",
+        "probe_uv",
+    ],
+    "kernel_worker.http": [],
+    "kernel_worker.mounts": [],
+    "kernel_worker.options": [
+        "ENV_PREFIX",
+        "GROUPS",
+        "OPTIONS",
+        "SETTINGS",
+        "Option",
+        "Setting",
+        "documented_names",
+        "reference",
+    ],
+    "kernel_worker.protocol": [],
+    "kernel_worker.pull": [],
+    "kernel_worker.runs": [],
+    "kernel_worker.tracing": [
+        "OFF",
+        "TRACE_CONTEXT_KEYS",
+        "Attributes",
+        "Span",
+        "Tracing",
+        "Value",
+        "from_environ",
+        "trace_context",
+    ],
+}
+
+
+@pytest.mark.parametrize("name", WORKER_EXPORTS)
+def test_the_worker_packages_export(name: str) -> None:
+    assert importlib.import_module(name).__all__ == WORKER_EXPORTS[name]
+
+
+def test_every_package_is_pinned() -> None:
+    """A package added to either tree gets its exports pinned here too."""
+    pinned = {
+        *WORKER_EXPORTS, "kernel_pool", "kernel_pool.forkserver", "kernel_pool.inkernel",
+        "kernel_worker.agent", "kernel_worker.languages", "kernel_worker.languages.r",
+    }  # fmt: skip
+    assert sorted(_packages()) == sorted(pinned)
+
+
+def _packages() -> list[str]:
+    found = []
+    for root in (kernel_pool, importlib.import_module("kernel_worker")):
+        base = pathlib.Path(root.__file__ or "").parent
+        for init in base.rglob("__init__.py"):
+            parts = init.parent.relative_to(base.parent).parts
+            if "__pycache__" not in parts:
+                found.append(".".join(parts))
+    return found
+
+
 def test_every_exported_name_exists() -> None:
-    packages = (kernel_worker.languages, kernel_worker.languages.r)
+    packages: list[ModuleType] = [kernel_worker.languages, kernel_worker.languages.r]
+    packages += [importlib.import_module(name) for name in WORKER_EXPORTS]
     for package in (kernel_pool, kernel_pool.forkserver, kernel_pool.inkernel, kernel_worker.agent,
                     *packages):  # fmt: skip
         assert [name for name in package.__all__ if not hasattr(package, name)] == []
