@@ -110,6 +110,16 @@ def test_json_inputs_and_only_new_or_rebound_names(client: httpx.Client) -> None
     assert json.loads(bundle.file("grown")) == [1, 2]
 
 
+def test_paths_and_text_inputs(client: httpx.Client) -> None:
+    inputs = [
+        ({"name": "notes", "format": "text/markdown", "file": "notes.md"}, "# Tïtle\n".encode()),
+        ({"name": "raw", "format": "file/path", "file": "raw.csv"}, b"a,b\n1,2\n"),
+    ]
+    bundle = run_r_ok(client, "title <- notes\nparsed <- read.csv(raw)$b", inputs)
+    assert json.loads(bundle.file("title")) == "# Tïtle\n"
+    assert json.loads(bundle.file("parsed")) == 2
+
+
 def test_other_objects_are_rds_that_r_reads_back(client: httpx.Client) -> None:
     first = run_r_ok(
         client,

@@ -54,8 +54,11 @@
   if (kind == "rds") return(readRDS(input$path))
   if (kind == "path") return(input$path)
   if (kind == "text") {
-    text <- readChar(input$path, file.size(input$path), useBytes = TRUE)
-    return(enc2native(`Encoding<-`(text, "UTF-8")))
+    size <- file.size(input$path)
+    if (!isTRUE(size > 0)) return("")
+    text <- readChar(input$path, size, useBytes = TRUE)
+    Encoding(text) <- "UTF-8"
+    return(text)
   }
   if (kind == "frame") {
     if (!is.null(input$note)) message(input$note)
