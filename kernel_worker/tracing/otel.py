@@ -141,6 +141,16 @@ class OtelTracing(Tracing):
         self._provider.shutdown()
 
 
+def _endpoint(environ: Mapping[str, str], protocol: str) -> str:
+    """The traces endpoint: the traces variable as given, else the base one plus the
+    signal's path (over HTTP)."""
+    traces = environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "").strip()
+    if traces:
+        return traces
+    base = environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").strip()
+    return base.rstrip("/") + "/v1/traces" if protocol == "http/protobuf" else base
+
+
 def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     """The OTLP exporter the protocol variables name (http/protobuf unless told grpc)."""
     protocol = (
@@ -157,5 +167,6 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter | None:
     except ImportError:  # grpc: not in the extra (opentelemetry-exporter-otlp-proto-grpc)
         log.warning("OTLP over %s needs %s installed: no traces", protocol, module)
         return None
-    exporter: SpanExporter = exporters.OTLPSpanExporter()  # endpoint, headers: OTEL_* variables
+    # the endpoint as decided on (headers, timeout, compression: the OTEL_* variables)
+    exporter: SpanExporter = exporters.OTLPSpanExporter(endpoint=_endpoint(environ, protocol))
     return exporter
