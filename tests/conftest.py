@@ -52,6 +52,19 @@ FAULT_KERNELS = {
 }
 
 
+SYSTEM_TESTS = Path(__file__).resolve().parent / "system"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test under ``tests/system`` ``system``, and every test that builds locked
+    environments with real uv (the ``uv`` fixture) ``slow``: ``-m "not slow"`` leaves them."""
+    for item in items:
+        if SYSTEM_TESTS in item.path.parents:
+            item.add_marker(pytest.mark.system)
+        if "uv" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def fault_kernels_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Jupyter data dir holding the fault-injection kernelspecs (use as JUPYTER_PATH)."""

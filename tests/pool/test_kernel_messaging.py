@@ -188,6 +188,7 @@ async def test_cells_are_named_without_hashing_their_text_in_python(
     assert all(n.startswith(tmp) and n.endswith(".py") for n in names), (tmp, names)
 
 
+@pytest.mark.slow
 async def test_output_a_send_under_way_holds_is_not_overtaken_by_idle(
     leased: tuple[Lease, IOPubListener],
 ) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from kernel_pool import KernelKind, Pool, PoolConfig
+from tests.markers import quick_subset
 from tests.pool.test_pool import assert_reset_path, last, run, settle, started
 from tests.pool.test_reset_state import CASES, KERNEL_CASES, change_then_probe, probe_once
 from tests.setups import kernel_setup
@@ -90,7 +91,19 @@ class OtherPython:
     """The folder to put on ``JUPYTER_PATH`` for jupyter_client to find the kernelspec."""
 
 
-@pytest.fixture(scope="session", params=MINORS, ids=[f"python{m}" for m in MINORS])
+# the quick loop proves the in-kernel code on one other minor, with a few cases
+QUICK_MINOR = "3.12" if "3.12" in MINORS else MINORS[0]
+QUICK_CASES = (
+    "warnings filter",
+    "recursion limit",
+    "signal handler",
+    "environment set under os.environ",
+)
+
+
+@pytest.fixture(
+    scope="session", params=quick_subset(MINORS, [QUICK_MINOR]), ids=[f"python{m}" for m in MINORS]
+)
 def other_python(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> OtherPython:
@@ -139,7 +152,7 @@ async def test_the_kernel_runs_the_other_python_and_its_own_libraries(
     assert out.splitlines()[1] == "42"
 
 
-@pytest.mark.parametrize("name", STDLIB_CASES)
+@pytest.mark.parametrize("name", quick_subset(STDLIB_CASES, QUICK_CASES))
 async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> None:
     case = CASES.get(name) or KERNEL_CASES[name]
     before = await probe_once(pool, case.probe)
@@ -168,6 +181,7 @@ async def test_reset_isolates_consecutive_leases(pool: Pool, last: bool) -> None
     assert out == "False False False {'weights': [1, 2, 3]}\n"
 
 
+@pytest.mark.slow
 async def test_a_replaced_preloaded_name_retires_the_kernel(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
@@ -178,6 +192,7 @@ async def test_a_replaced_preloaded_name_retires_the_kernel(pool: Pool, last: bo
         assert await run(lease, "print(model)") == "{'weights': [1, 2, 3]}\n"
 
 
+@pytest.mark.slow
 async def test_sys_modules_entries_a_cell_made_are_removed(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id
@@ -197,6 +212,7 @@ async def test_sys_modules_entries_a_cell_made_are_removed(pool: Pool, last: boo
     assert out == "False False\n"
 
 
+@pytest.mark.slow
 async def test_a_thread_left_running_retires_the_kernel(pool: Pool, last: bool) -> None:
     async with pool.lease() as lease:
         first = lease.kernel_id

@@ -388,6 +388,7 @@ async def test_fresh_policy_never_reuses() -> None:
         assert pool.stats().retirements["fresh_policy"] == 3
 
 
+@pytest.mark.slow
 async def test_many_fresh_kernels_with_an_iopub_limit_each_answer() -> None:
     """Every kernel's IOPub socket is watched for dropped connections (with a message
     limit); kernels come and go under ``fresh``, and a later kernel's socket reuses an earlier
@@ -439,6 +440,7 @@ async def test_gpu_slots_and_environment() -> None:
 
 
 @pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.slow
 async def test_kernel_folders_are_private_and_removed(fork_server: bool) -> None:
     """A forked kernel has no connection file at all (its key came through a pipe); a
     spawned one's is in its private folder. Both folders go with the pool."""
@@ -473,6 +475,7 @@ async def test_cancelled_lease_retires_the_kernel(pool: Pool) -> None:
         assert await run(lease, "print('ok')") == "ok\n"
 
 
+@pytest.mark.slow
 async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
     kind = KernelKind(fork=False)
     config = PoolConfig(size=1, restart_backoff_seconds=(0.2, 0.4), kind=kind)
@@ -488,6 +491,7 @@ async def test_refill_backs_off_instead_of_looping(fault_kernels: Path) -> None:
         assert stats.last_start_error
 
 
+@pytest.mark.slow
 async def test_each_retired_kernel_is_replaced_at_once() -> None:
     # starts that take a while: a kernel retired while another's replacement is still
     # starting must be replaced at once, not after it (else kills that come faster than a
@@ -658,6 +662,7 @@ async def test_last_cell_reset_runs_after_the_reply_which_keeps_the_error(pool: 
     assert out == "False False\n"
 
 
+@pytest.mark.slow
 async def test_a_slow_last_cell_reset_does_not_hold_back_the_answer(pool: Pool) -> None:
     """The kernel starts the reset once its idle status is out. Freeing millions of objects
     holds the GIL; started at once, the reset kept the thread that sends the status waiting

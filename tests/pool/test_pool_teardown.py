@@ -53,6 +53,7 @@ async def test_a_cancelled_start_leaves_no_fork_server_or_private_folder(tmp_pat
         await pool.aclose()
 
 
+@pytest.mark.slow
 async def test_a_start_deadline_passing_while_the_kernel_gets_ready_fails_in_time(
     tmp_path: Path,
 ) -> None:

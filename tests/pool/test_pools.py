@@ -75,6 +75,7 @@ async def test_least_recently_used_idle_pools_make_room_and_the_default_stays() 
         await pools.aclose()
 
 
+@pytest.mark.slow
 async def test_a_new_pool_waits_for_a_used_one_to_become_idle() -> None:
     pools = PoolSet(PoolConfig(size=1), config_for, max_kernels=2)
     await pools.start()

@@ -27,6 +27,7 @@ import pytest
 
 from kernel_pool import KernelKind, Pool, PoolConfig
 from tests.conftest import WorkerProcess
+from tests.markers import quick_subset
 from tests.pool.test_pool import assert_reset_path, run, settle, started
 from tests.wire import run_ok
 
@@ -395,7 +396,20 @@ async def probe_once(pool: Pool, probe: str) -> str:
         return await run(lease, probe)
 
 
-@pytest.mark.parametrize("name", [*CASES, *KERNEL_CASES])
+# one case of each kind of state in the quick loop; the whole matrix in the full run
+QUICK_CASES = (
+    "warnings filter",
+    "recursion limit",
+    "signal handler",
+    "module values a cell set",
+    "a library's logger",
+    "environment set under os.environ",
+    "traceback mode",
+    "matplotlib backend",
+)
+
+
+@pytest.mark.parametrize("name", quick_subset([*CASES, *KERNEL_CASES], QUICK_CASES))
 async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> None:
     case = CASES.get(name) or KERNEL_CASES[name]
     before = await probe_once(pool, case.probe)
@@ -560,6 +574,7 @@ async def test_a_handler_added_in_every_request_prints_once(pool: Pool) -> None:
     assert len(kernels) == 1  # one kernel, reset each time
 
 
+@pytest.mark.slow
 async def test_a_library_imported_and_changed_in_one_cell_is_put_back(pool: Pool) -> None:
     """Settings are recorded as the library's import ends, before the cell changes them."""
     import matplotlib
@@ -659,6 +674,7 @@ async def test_a_timer_a_cell_left_does_not_fire_in_a_later_request(pool: Pool) 
         assert await run(lease, "print('alive')") == "alive\n"
 
 
+@pytest.mark.slow
 def test_the_cases_change_what_they_probe_here() -> None:
     """Sanity of the table: each change alters its probe's answer in a plain interpreter."""
     for name, case in CASES.items():
@@ -674,6 +690,7 @@ def test_the_cases_change_what_they_probe_here() -> None:
             assert len(lines) == 2 and lines[0] != lines[1], (name, out.stdout, out.stderr)
 
 
+@pytest.mark.slow
 def test_over_http_the_next_request_starts_from_the_baseline(solo_worker: WorkerProcess) -> None:
     """Through the worker (one kernel): a cell's warning filter, recursion limit, pandas
     option, logging configuration and logger handler are gone in the next request, whose
@@ -723,6 +740,7 @@ _DAEMON = (  # forks, and the child starts its own session: a daemon
     ],
     ids=["background job", "daemon in its own session"],
 )
+@pytest.mark.slow
 def test_a_process_whose_parent_exited_is_found_and_its_output_stays_out(
     solo_worker: WorkerProcess, escape: str
 ) -> None:
@@ -756,6 +774,7 @@ def _loops_leaked(proc: psutil.Process) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_a_module_a_cell_wrote_is_imported_afresh_by_the_next(solo_worker: WorkerProcess) -> None:
     """A helper the cell writes into its working directory and imports is the next request's
     own file, not the last one's from a deleted folder; import caches keep no finder for it."""

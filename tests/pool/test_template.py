@@ -170,6 +170,7 @@ async def test_spawned_kernels_run_the_preload_each_with_the_same_result(tmp_pat
         assert len(runs.read_text().split()) == 2
 
 
+@pytest.mark.slow
 def test_the_kernels_share_the_templates_memory(tmp_path_factory: pytest.TempPathFactory) -> None:
     """/health reports each kernel's PSS and USS and the template's: a 200 MB preloaded
     object counts about once across the template and its kernels, not once per kernel."""
@@ -193,6 +194,7 @@ def test_the_kernels_share_the_templates_memory(tmp_path_factory: pytest.TempPat
     assert 'strata_kernel_worker_template_memory_bytes{kind="pss"}' in metrics
 
 
+@pytest.mark.slow
 def test_kernel_init_and_a_refused_preload_through_the_command_line(tmp_path: Path) -> None:
     preload, kernel_init = tmp_path / "preload.py", tmp_path / "init.py"
     preload.write_text(
@@ -230,6 +232,7 @@ async def test_a_traceback_through_a_preloaded_function_shows_its_source() -> No
     assert "<preload>" in text and "raise LookupError(f'no weights for {name}')" in text, text
 
 
+@pytest.mark.slow
 async def test_a_scikit_learn_model_fitted_once_serves_every_kernel(tmp_path: Path) -> None:
     """A real model, from the data the package ships: fitted once in the template, used by
     every kernel and by a replacement, never fitted again."""

@@ -147,6 +147,7 @@ def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPat
     ), stderr
 
 
+@pytest.mark.slow
 def test_a_preload_longer_than_the_start_timeout_stops_startup_with_one_line(
     tmp_path: pytest.TempPathFactory,
 ) -> None:

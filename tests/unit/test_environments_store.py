@@ -161,6 +161,7 @@ async def test_a_failed_build_leaves_nothing_and_is_retried(
     assert run_python(built.python, "import six; print(six.__version__)") == "1.16.0"
 
 
+@pytest.mark.slow
 async def test_a_lock_uv_cannot_install_fails_with_uvs_reason(
     tmp_path: Path, uv: str, projects: Projects, monkeypatch: pytest.MonkeyPatch
 ) -> None:
