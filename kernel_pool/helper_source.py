@@ -60,7 +60,8 @@ def kernel_environment(
     config: PoolConfig, slot: str | None, kernel_dir: Path, tmp_dir: Path, *, own_user: bool
 ) -> dict[str, str]:
     """A kernel's environment: the configured one (else the pool's), with its GPU slot, its
-    own IPython and temp folders, and, for a kernel of its own user, its own home."""
+    own IPython and temp folders (joblib's too, unless set), and, for a kernel of its own
+    user, its own home."""
     env = dict(config.env if config.env is not None else os.environ)
     env.update(config.kind.env)
     if slot is not None:
@@ -69,6 +70,8 @@ def kernel_environment(
     env["IPYTHONDIR"] = str(kernel_dir / "ipython")
     for name in ("TMPDIR", "TEMP", "TMP", "KERNEL_POOL_TMPDIR"):  # a temp folder of its own
         env[name] = str(tmp_dir)
+    # joblib memory-maps into /dev/shm otherwise, where a killed kernel's folders stay for good
+    env.setdefault("JOBLIB_TEMP_FOLDER", str(tmp_dir))
     if own_user:  # a user that may have no home directory
         env["HOME"] = env["MPLCONFIGDIR"] = str(kernel_dir)
     env["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"

@@ -65,6 +65,46 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+# where this session's workers put their run directories in /dev/shm (set by the fixture)
+_session_shm: list[Path] = []
+LEFT_IN_SHM = ("joblib_memmapping_folder_*",)  # what kernels would leave there, not a worker
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Run the session with a temp folder of its own (``TMPDIR``: pools' private folders,
+    the folders tests make, whatever a worker or kernel leaves) and a folder of its own in
+    /dev/shm for workers' run directories; at the end, fail listing what is left in either,
+    or in /dev/shm itself, of ours (``LEFT_IN_SHM``, such as joblib's memmapping folders)."""
+    tmp_path_factory.getbasetemp()  # pytest's own folders stay where they are
+    session_tmp = Path(tempfile.mkdtemp(prefix="skw-tests-"))
+    session_tmp.chmod(0o1777)  # as /tmp: kernels of other uids reach the folders made here
+    shm = SHM if memory_backed(SHM) and os.access(SHM, os.W_OK) else None
+    if shm is not None:
+        _session_shm.append(Path(tempfile.mkdtemp(prefix="skw-tests-", dir=shm)))
+    in_shm = {p for pattern in LEFT_IN_SHM for p in SHM.glob(pattern)} if shm else set()
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(session_tmp)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        tempfile.tempdir = None
+        left = sorted(str(p) for p in session_tmp.iterdir())
+        for folder in _session_shm:
+            left += sorted(str(p) for p in folder.iterdir())
+            shutil.rmtree(folder, ignore_errors=True)
+        if shm is not None:
+            left += sorted(str(p) for pattern in LEFT_IN_SHM for p in SHM.glob(pattern))
+            left = [p for p in left if Path(p) not in in_shm]
+        shutil.rmtree(session_tmp, ignore_errors=True)
+    assert not left, f"the test session left these behind: {left}"
+
+
 @pytest.fixture(scope="session")
 def fault_kernels_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Jupyter data dir holding the fault-injection kernelspecs (use as JUPYTER_PATH)."""
@@ -215,7 +255,8 @@ def start_worker(
     owns_run_dir = False
     if run_dir is None:  # like the worker's own default: a memory filesystem when there is one
         if memory_backed(SHM) and os.access(SHM, os.W_OK):
-            run_dir, owns_run_dir = Path(tempfile.mkdtemp(prefix="skw-test-", dir=SHM)), True
+            shm = _session_shm[0] if _session_shm else SHM
+            run_dir, owns_run_dir = Path(tempfile.mkdtemp(prefix="skw-test-", dir=shm)), True
         else:
             run_dir = tmp_path_factory.mktemp("runs")
     log_file = tmp_path_factory.mktemp("logs") / "worker.log" if capture_logs else None

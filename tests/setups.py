@@ -3,7 +3,9 @@ installed there (what a worker does with its agent)."""
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -11,6 +13,7 @@ from kernel_pool import KernelSetup, ShippedPackage
 
 _names = itertools.count(1)
 _FOLDER = Path(tempfile.mkdtemp(prefix="kernel-setups-"))
+atexit.register(shutil.rmtree, _FOLDER, ignore_errors=True)  # made at import: gone at exit
 
 
 def kernel_setup(

@@ -455,6 +455,16 @@ async def test_kernel_folders_are_private_and_removed(fork_server: bool) -> None
     assert not private.exists()
 
 
+async def test_joblib_memory_maps_into_the_kernels_own_temp_folder(pool: Pool) -> None:
+    """Not /dev/shm, joblib's default, where the folders of a killed kernel stay for good:
+    the kernel's temp folder goes with the kernel."""
+    async with pool.lease() as lease:
+        out = await run(
+            lease, "import os\nprint(os.environ['JOBLIB_TEMP_FOLDER'] == os.environ['TMPDIR'])"
+        )
+    assert out == "True\n"
+
+
 async def test_cancelled_lease_retires_the_kernel(pool: Pool) -> None:
     cell_running = asyncio.Event()
 
