@@ -502,6 +502,7 @@ def test_a_pid_used_again_is_never_taken_for_a_stray() -> None:
     assert child.wait(10) == 7
 
 
+@pytest.mark.slow
 def test_a_worker_with_a_large_environment_forks_its_kernels(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
