@@ -151,12 +151,17 @@ def running_cell(source: str, build_id: str) -> dict[str, Any]:
     return v1_metadata(f"print('running', flush=True)\n{source}") | {"build_id": build_id}
 
 
-def wait_running(client: httpx.Client, build_id: str, seconds: float = 15.0) -> None:
+def wait_running(
+    client: httpx.Client,
+    build_id: str,
+    seconds: float = 15.0,
+    headers: dict[str, str] | None = None,
+) -> None:
     """Wait (bounded) until the cell of ``build_id`` (sent with :func:`running_cell`'s
     metadata) runs on its kernel: its console shows the line it printed first."""
     deadline = time.monotonic() + seconds
     while True:
-        console = client.get(f"/v1/executions/{build_id}/console")
+        console = client.get(f"/v1/executions/{build_id}/console", headers=headers or {})
         if console.status_code == 200 and "running" in console.json()["stdout"]["text"]:
             return
         assert time.monotonic() < deadline, f"the cell never ran: {console.text}"

@@ -38,7 +38,7 @@ def mapped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
 def test_a_probe_serves_the_last_measurement(mapped: WorkerProcess) -> None:
     with httpx.Client(base_url=mapped.url, timeout=60) as client:
         first = _measured_memory(client)
-        time.sleep(DEFAULT_INTERVAL_SECONDS / 4)
+        time.sleep(DEFAULT_INTERVAL_SECONDS / 4)  # time passing is the point: it ages
         second = client.get("/health").json()["pool"]["memory"]
     if second["measured_seconds_ago"] < first["measured_seconds_ago"]:
         pytest.skip("a measurement fell between the two probes")  # rare: the next run holds

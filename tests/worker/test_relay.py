@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -31,7 +32,8 @@ from kernel_worker.cli import settings_from
 from kernel_worker.http.relay import RelayRefused, serve_relay
 from tests.conftest import WorkerProcess, wait_gone
 from tests.fake_relay import MAX_PAYLOAD_BYTES, FakeRelay
-from tests.wire import execute, run_ok
+from tests.waiting import wait_until
+from tests.wire import execute, run_ok, running_cell, wait_running
 
 RELAY_TOKEN = "relay-secret-2f9c"
 WORKER_TOKEN = "worker-token-77ab"
@@ -147,14 +149,16 @@ def test_requests_share_the_socket_and_run_at_once(relayed: tuple[FakeRelay, Wor
     relay, _ = relayed
     finished: dict[str, float] = {}
 
-    def run(name: str, source: str) -> None:
+    def run(name: str, source: str, **kwargs: Any) -> None:
         with relay.client(timeout=60) as client:
-            run_ok(client, source, headers=AUTH)
+            run_ok(client, source, headers=AUTH, **kwargs)
         finished[name] = time.monotonic()
 
-    slow = threading.Thread(target=run, args=("slow", "import time; time.sleep(2); s = 1"))
+    meta = running_cell("import time; time.sleep(2); s = 1", "slow")
+    slow = threading.Thread(target=run, args=("slow", ""), kwargs={"metadata": meta})
     slow.start()
-    time.sleep(0.3)
+    with relay.client(timeout=60) as client:
+        wait_running(client, "slow", headers=AUTH)
     run("quick", "q = 1")
     slow.join(60)
     assert finished["quick"] < finished["slow"]
@@ -193,7 +197,7 @@ def test_a_worker_started_before_its_relay_connects_once_it_listens(tmp_path: Pa
     worker = _start(tmp_path, f"ws://127.0.0.1:{port}/v1/worker-connect", "--pool-size", "1")
     relay = None
     try:
-        time.sleep(2)  # it has failed to dial at least once
+        wait_until(lambda: "lost the relay at" in worker.logs(), 30, "it never dialled")
         assert worker.proc.poll() is None, worker.logs()
         relay = FakeRelay(port=port)
         _wait_ready(relay, worker)
@@ -412,7 +416,7 @@ async def test_a_relay_that_drops_every_socket_at_once_is_dialled_ever_more_slow
     serving = asyncio.create_task(serve_relay(relay.url, _APP, None))
     try:
         await asyncio.to_thread(relay.wait_connected)
-        await asyncio.sleep(6)
+        await asyncio.sleep(6)  # time passing is the point: how often it redials in 6 s
         # backing off from 1 s: redials after at least 0.5, 1.5 and 3.5 s (at most 3 in 6 s);
         # starting over at each handshake would make five or more
         assert relay.connections - 1 <= 3
