@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +29,18 @@ def talkative(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProces
     w.stop()
 
 
+def access_lines(worker: WorkerProcess, marker: str) -> list[str]:
+    """The access-log lines so far, once ``marker`` is among them (a line is written after
+    its response has been sent: waited for, bounded)."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [line for line in worker.logs().splitlines() if "kernel_worker.access" in line]
+        if any(marker in line for line in lines):
+            return lines
+        assert time.monotonic() < deadline, lines
+        time.sleep(0.05)
+
+
 def test_start_up_ends_with_one_ready_line(talkative: WorkerProcess) -> None:
     lines = talkative.logs().splitlines()
     ready = [i for i, line in enumerate(lines) if "] ready: " in line]
@@ -44,8 +57,7 @@ def test_probes_stay_out_of_the_access_log(talkative: WorkerProcess) -> None:
         assert httpx.get(talkative.url + path, timeout=10).status_code == 200
     assert httpx.head(talkative.url + "/health", timeout=10).status_code == 200
     assert httpx.get(talkative.url + "/no-such-route", timeout=10).status_code == 404
-    access = [line for line in talkative.logs().splitlines() if "kernel_worker.access" in line]
-    assert any("GET /no-such-route 404" in line for line in access)  # the log is on
+    access = access_lines(talkative, "GET /no-such-route 404")  # the log is on
     assert not [line for line in access if re.search(r"(GET|HEAD) /(ready|health) ", line)]
 
 
@@ -56,7 +68,8 @@ def test_an_option_keeps_the_probes(tmp_path_factory: pytest.TempPathFactory) ->
     )  # fmt: skip
     try:
         assert httpx.get(w.url + "/health", timeout=10).status_code == 200
-        access = [line for line in w.logs().splitlines() if "kernel_worker.access" in line]
+        assert httpx.get(w.url + "/no-such-route", timeout=10).status_code == 404
+        access = access_lines(w, "GET /no-such-route 404")
         assert any("GET /health 200" in line for line in access)
         assert any("GET /ready 200" in line for line in access)  # start_worker's own probe
     finally:

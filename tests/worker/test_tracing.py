@@ -12,6 +12,7 @@ import os
 import secrets
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,8 +109,14 @@ def test_log_lines_carry_the_trace_id(traced: WorkerProcess, receiver: OtlpRecei
     response = httpx.post(traced.url + "/v1/execute", files=files, headers=headers, timeout=60)
     assert response.status_code == 200
     trace_of(receiver, trace_id, "worker.execute")
-    lines = [json.loads(line) for line in traced.logs().splitlines() if rid in line]
-    messages = {line["message"]: line for line in lines}
+    deadline = time.monotonic() + 10
+    while True:  # the access line is written once the response has been sent
+        lines = [json.loads(line) for line in traced.logs().splitlines() if rid in line]
+        messages = {line["message"]: line for line in lines}
+        if any(m.startswith("POST /v1/execute") for m in messages):
+            break
+        assert time.monotonic() < deadline, messages
+        time.sleep(0.05)
     assert "the cell raised KeyError" in messages  # a line from the job's own task
     assert any(m.startswith("POST /v1/execute 200") for m in messages)  # the access log
     assert {line.get("trace_id") for line in lines} == {trace_id}
