@@ -501,6 +501,8 @@ class AsyncClient(_ClientBase):
         finally:
             task.cancel()
             await asyncio.wait([task])
+            if not task.cancelled() and task.exception() is not None:  # on_progress raised
+                log.warning("on_progress raised: %r", task.exception())
 
     async def _watch(self, watch: ConsoleWatch, report: ProgressCallback) -> None:
         while True:
