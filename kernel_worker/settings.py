@@ -144,6 +144,9 @@ class Settings:
     max_kernels: int | None = None
     """Kernels of every pool together; None: the worker's own pool plus 4."""
     env_max_disk: int | None = None
+    env_warm_up: bool = True
+    """Make the kernel overlay and fork template of uv's first Python at start, beside the
+    serving, so a new environment's first cell does not pay them."""
     r_kernels: bool = True
     """Run R cells on IRkernel kernels, where R and what the R side needs are found."""
     r_pool_size: int = 1

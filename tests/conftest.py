@@ -265,6 +265,8 @@ def start_worker(
     full_env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel stops capturing fd output under it
     if "--queue-wait" not in args:  # slow CI machines: wait inline rather than answer 202
         args = (*args, "--queue-wait", "30")
+    if "--env-warm-up" not in args:  # nothing made ahead in ~/.strata by tests that need none
+        args = (*args, "--env-warm-up", "off")
     worker = WorkerProcess(list(args), full_env, run_dir, log_file, owns_run_dir=owns_run_dir)
     try:
         worker.wait_ready()

@@ -112,6 +112,7 @@ class LockedKernels:
         self._warm_python = warm_python  # made ready at start ("": uv's first; None: none)
         self._warm_overlays: set[str] = set()
         self._warming: asyncio.Future[None] | None = None
+        self._warm_failed = False
 
     async def start(self) -> None:
         """Look for a uv that works (once: a worker does not gain or lose it later)."""
@@ -127,10 +128,16 @@ class LockedKernels:
         if self._warm_python is not None:
             self._warming = asyncio.ensure_future(self._warm(self.store, self._warm_python))
 
-    async def warmed(self) -> None:
-        """Wait until what :meth:`start` began making ready is ready (or failed: logged)."""
-        if self._warming is not None:
-            await asyncio.wait({self._warming})
+    @property
+    def warm_up(self) -> str:
+        """``off``, ``running``, ``done`` or ``failed``: what :meth:`start` began making
+        ready ahead (it runs beside the serving: nothing waits for it but a cell that
+        needs what it makes)."""
+        if self._warming is None:
+            return "off"
+        if not self._warming.done():
+            return "running"
+        return "failed" if self._warm_failed else "done"
 
     async def aclose(self) -> None:
         """Stop a warm-up still running; stop marking overlays used."""
@@ -150,6 +157,7 @@ class LockedKernels:
                 real = await asyncio.to_thread(interpreter.resolve)  # as a kind names it
                 await self._warm_template(real, (overlay.path,))
         except (LockedEnvironmentError, PoolError) as exc:
+            self._warm_failed = True
             log.warning("locked environments: nothing made ready ahead: %s", exc)
             return
         log.info(
@@ -240,6 +248,7 @@ class LockedKernels:
         """What ``/health`` shows of locked environments (no disk walked here)."""
         return {
             "enabled": self.enabled,
+            "warm_up": self.warm_up,
             "root": str(self.store.root) if self.store is not None else None,
             "prepared": dict(self.counts),
             "build_seconds": round(self.build_seconds, 3),

@@ -147,6 +147,7 @@ def locked_kernels(settings: Settings, kernel_env: dict[str, str], pools: PoolSe
         max_disk=settings.env_max_disk,
         keep=keep,
         warm_template=pools.warm_template,
+        warm_python="" if settings.env_warm_up else None,
     )
     return environments
 

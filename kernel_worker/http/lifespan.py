@@ -102,20 +102,13 @@ async def _start(state: WorkerState, stack: AsyncExitStack) -> bool:
         stack.push_async_callback(asyncio.to_thread, state.reusable_files.close)
     stack.push_async_callback(state.pools.aclose)  # every environment's pool, then the default
     stack.push_async_callback(state.environments.aclose)  # (its warm-up stopped first)
-    await state.environments.start()  # begins the environments' warm-up, beside the pools'
+    await state.environments.start()  # begins the environments' warm-up (--env-warm-up)
     await state.r_kernels.start()  # looks for R once; its pool starts on the first R cell
     # the metrics port first: one in use fails at once, not after the kernels start
     metrics_server = _serve_metrics(settings, state.metrics)
     if metrics_server is not None:
         stack.push_async_callback(metrics_server.aclose)
-    started = await _start_unless_stopped(state.pools, state.stop_requested)
-    if started:  # ready once environments' first kernels can fork too (a failure is logged)
-        warmed = asyncio.ensure_future(state.environments.warmed())
-        stopping = asyncio.ensure_future(state.stop_requested.wait())
-        await asyncio.wait({warmed, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        stopping.cancel()
-        warmed.cancel()  # (the warm-up itself is stopped by environments.aclose)
-    return started
+    return await _start_unless_stopped(state.pools, state.stop_requested)
 
 
 def _forget_client(state: WorkerState) -> None:

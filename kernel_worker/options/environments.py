@@ -95,6 +95,21 @@ OPTIONS: tuple[Option, ...] = (
         ),
     ),
     Option(
+        "--env-warm-up",
+        f"{ENV_PREFIX}ENV_WARM_UP",
+        on_off,
+        "'on': at start, in the background, make the kernel overlay and fork template of the "
+        "Python uv finds first, so a new environment's first cell does not pay for them",
+        details=(
+            "`on`: after start, beside the serving (readiness does not wait), the kernel "
+            "overlay of the Python uv finds first is resolved (this asks the package index) "
+            "and installed once per host, and a fork template of it started: a new "
+            "environment's first cell then costs its `uv sync` and a fork. `/health` "
+            "`environments.warm_up` says `running`, `done` or `failed` (logged). `off`: the "
+            "first cell of the first environment pays for them."
+        ),
+    ),
+    Option(
         "--env-max-disk",
         f"{ENV_PREFIX}ENV_MAX_DISK",
         size,
