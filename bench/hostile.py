@@ -15,13 +15,21 @@ kernels are other processes):
 - ``print``: ``sys.stdout.write`` of 8 MiB, 125 times;
 - ``fd``: a subprocess (``os.system``) writes 1000 MiB to file descriptor 1;
 - ``iopub``: goes around the cap, sending 125 stream messages of 8 MiB on the kernel's
-  IOPub socket itself, signed by a session of its own (nothing in the kernel sees them).
+  IOPub socket itself, signed by a session of its own (nothing in the kernel sees them);
+- ``frames``: one ``display_data`` of 1,600 buffers of 500 KiB (800 MB) on the IOPub socket:
+  each frame under the most the worker reads of one message, the message far over it;
+- ``payload``: IPython's own ``payload_manager.write_payload``, three payloads of 200 MB,
+  which go out in the cell's ``execute_reply`` on the shell socket;
+- ``replies``: eight extra replies of 250 MiB sent on the kernel's shell socket itself.
 
-Goal: the peak within 2x the cap above idle, and /health under 100 ms throughout.
+Goal: the peak within 2x the cap above idle (and within 64 MiB for the last three), and
+/health under 100 ms throughout.
 ``print`` and ``fd`` are capped in the kernel; ``iopub`` shows what the worker's own
 bounds hold against a kernel that ignores the cap (its messages are over the most the
-worker reads of one, so the cell's answer may be a ``502``: the kernel is replaced). Nothing here asserts: it prints a table
-and writes ``bench/results/hostile.json``.
+worker reads of one, so the cell's answer may be a ``502``: the kernel is replaced).
+``--before REF`` runs each case on a worker of commit REF too (a git worktree), beside
+this tree's, in the same run. Nothing here asserts: it prints a table and writes
+``bench/results/hostile.json``.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +73,32 @@ CELLS = {
         f"for _ in range({_WRITES}):\n"
         "    own.send(kernel.iopub_socket, 'stream', content, parent=parent)\n"
         "del kernel, parent, content, own, Session\n"
+    ),
+    "frames": (
+        "kernel = get_ipython().kernel\n"
+        "parent = kernel.get_parent('shell')\n"
+        "from jupyter_client.session import Session\n"
+        "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
+        "chunk = b'x' * (500 << 10)\n"
+        "own.send(kernel.iopub_socket, 'display_data', {'data': {}, 'metadata': {}},\n"
+        "         parent=parent, buffers=[chunk] * 1600)\n"
+        "del kernel, parent, own, Session, chunk\n"
+    ),
+    "payload": (
+        "for _ in range(3):\n"
+        "    get_ipython().payload_manager.write_payload(\n"
+        "        {'source': 'page', 'data': {'text/plain': 'p' * (200 << 20)}})\n"
+    ),
+    "replies": (
+        "kernel = get_ipython().kernel\n"
+        "parent = kernel.get_parent('shell')\n"
+        "from jupyter_client.session import Session\n"
+        "own = Session(key=kernel.session.key, signature_scheme=kernel.session.signature_scheme)\n"
+        "content = {'status': 'ok', 'pad': 'r' * (250 << 20)}\n"
+        "for _ in range(8):\n"
+        "    own.send(kernel.shell_stream.socket, 'execute_reply', content, parent=parent,\n"
+        "             ident=kernel._parent_ident['shell'])\n"
+        "del kernel, parent, own, Session, content\n"
     ),
 }
 _SAMPLE_SECONDS = 0.005
@@ -146,12 +181,12 @@ class HealthWatch:
                 self.sampled_peak = max(self.sampled_peak, self._process.memory_info().rss)
 
 
-def _start(cap: str, run_dir: str) -> tuple[subprocess.Popen[bytes], str]:
+def _start(cap: str, run_dir: str, root: Path = ROOT) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     argv = [sys.executable, "-m", "kernel_worker", "--host", "127.0.0.1", "--port", str(port),
             "--pool-size", "1", "--console-cap", cap, "--queue-wait", "120",
             "--run-dir", run_dir, "--log-level", "warning"]  # fmt: skip
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -188,10 +223,11 @@ def _idle_rss(pid: int) -> int:
     return int(statistics.median(samples))
 
 
-def measure(case: str, cap: str) -> dict[str, Any]:
-    """One worker, one hostile cell: the worker's memory and /health while it runs."""
+def measure(case: str, cap: str, root: Path = ROOT, build: str = "this tree") -> dict[str, Any]:
+    """One worker (of the tree at ``root``), one hostile cell: the worker's memory and
+    /health while it runs."""
     run_dir = tempfile.mkdtemp(prefix="skw-bench-hostile-")
-    proc, url = _start(cap, run_dir)
+    proc, url = _start(cap, run_dir, root)
     try:
         with httpx.Client(base_url=url, timeout=_CELL_TIMEOUT_SECONDS + 60) as client:
             for _ in range(3):  # warm the kernel, the connection and the bundle path
@@ -211,6 +247,7 @@ def measure(case: str, cap: str) -> dict[str, Any]:
     latencies = sorted(watch.latencies) or [0.0]
     return {
         "case": case,
+        "build": build,
         "status": response.status_code,
         "cell_seconds": seconds,
         "stdout_characters": kept,
@@ -231,12 +268,14 @@ def _table(rows: list[dict[str, Any]], cap_mib: float) -> str:
     lines = [
         f"hostile cell: ~1 GB printed, --console-cap {cap_mib:g} MiB (goal: peak growth "
         f"<= {2 * cap_mib:g} MiB, /health p99 < 100 ms)",
-        f"{'case':<7} {'status':>6} {'cell s':>7} {'kept MiB':>9} {'idle MiB':>9} "
-        f"{'peak +MiB':>10} {'/health p50':>12} {'p99 ms':>8} {'max ms':>8} {'asked':>6}",
+        f"{'case':<8} {'build':<10} {'status':>6} {'cell s':>7} {'kept MiB':>9} "
+        f"{'idle MiB':>9} {'peak +MiB':>10} {'/health p50':>12} {'p99 ms':>8} {'max ms':>8} "
+        f"{'asked':>6}",
     ]
     for r in rows:
         lines.append(
-            f"{r['case']:<7} {r['status']:>6} {r['cell_seconds']:>7.1f} "
+            f"{r['case']:<8} {r.get('build', 'this tree'):<10} {r['status']:>6} "
+            f"{r['cell_seconds']:>7.1f} "
             f"{r['stdout_characters'] / MIB:>9.1f} {r['idle_rss_mib']:>9.1f} "
             f"{r['peak_growth_mib']:>10.1f} {r['health_p50_ms']:>12.1f} "
             f"{r['health_p99_ms']:>8.1f} {r['health_max_ms']:>8.1f} {r['health_asked']:>6}"
@@ -250,17 +289,39 @@ def _cap_bytes(text: str) -> float:
     return float(text[:-1]) * units[suffix] if suffix in units else float(text)
 
 
+@contextlib.contextmanager
+def _worktree(ref: str | None) -> Iterator[Path | None]:
+    """A git worktree of ``ref`` for the time of the run (None: none asked)."""
+    if ref is None:
+        yield None
+        return
+    where = Path(tempfile.mkdtemp(prefix="skw-bench-before-"))
+    subprocess.run(["git", "worktree", "add", "--detach", str(where), ref], cwd=ROOT,
+                   check=True, capture_output=True)  # fmt: skip
+    try:
+        yield where
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(where)], cwd=ROOT,
+                       check=False, capture_output=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.hostile", description=__doc__)
     parser.add_argument("--cases", nargs="+", choices=sorted(CELLS), default=list(CELLS))
     parser.add_argument("--console-cap", default="16M", help="the workers' --console-cap")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "hostile.json")
+    parser.add_argument("--before", metavar="REF", help="also run each case on commit REF")
     args = parser.parse_args()
-    rows = [measure(case, args.console_cap) for case in args.cases]
+    with _worktree(args.before) as before:
+        rows = []
+        for case in args.cases:
+            if before is not None:
+                rows.append(measure(case, args.console_cap, before, "before"))
+            rows.append(measure(case, args.console_cap, ROOT, "after" if before else "this tree"))
     cap_mib = _cap_bytes(args.console_cap) / MIB
     print(_table(rows, cap_mib))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    settings = {"console_cap": args.console_cap, "cores": os.cpu_count()}
+    settings = {"console_cap": args.console_cap, "cores": os.cpu_count(), "before": args.before}
     args.out.write_text(json.dumps({"settings": settings, "rows": rows}, indent=2) + "\n")
 
 
