@@ -10,6 +10,7 @@ import pytest
 from kernel_worker.errors import (
     BadRequest,
     CellTimedOut,
+    EnvironmentFailed,
     KernelCrashed,
     PayloadTooLarge,
     Unauthorized,
@@ -121,7 +122,17 @@ def test_scrub_secrets() -> None:
         (KernelCrashed("died"), 502, {"detail": "died", "success": False, "error": "died"}),
         (UpstreamFailed("up"), 502, {"detail": "up", "success": False, "error": "up"}),
         (WorkerBusy("full"), 503, {"detail": "full", "success": False, "error": "full"}),
-        (WorkerError("odd"), 500, {"detail": "odd"}),
+        # a 500 has the reference's result shape too (its locked-environment failures)
+        (WorkerError("odd"), 500, {"detail": "odd", "success": False, "error": "odd"}),
+        (
+            EnvironmentFailed("no uv"),
+            500,
+            {
+                "detail": "locked environment: no uv",
+                "success": False,
+                "error": "locked environment: no uv",
+            },
+        ),
     ],
 )
 def test_error_response(exc: WorkerError, status: int, body: dict[str, object]) -> None:
