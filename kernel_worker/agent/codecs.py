@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from . import archives, arrow_codec, arrow_read, figures, objects
+from . import archives, arrow_codec, arrow_read, display_forms, objects
 from .archives import ArchiveTooLargeError, UnsafeArchiveError
 from .arrow_codec import removed_on_error
 from .arrow_read import X64_NOTE, PrecisionError, x64_was_enabled_here
@@ -151,31 +151,23 @@ def _is_json_value(value: object) -> bool:
     return _json_round_trips(value)
 
 
-def _has_markdown(value: object) -> bool:
-    return callable(getattr(value, "_repr_markdown_", None))
-
-
-def _is_image(value: object) -> bool:
-    if callable(getattr(value, "_repr_png_", None)):
-        return True
-    if figures.is_figure(value):
-        return True
-    image = sys.modules.get("PIL.Image")
-    return image is not None and isinstance(value, image.Image)
-
-
 def detect_content_type(value: object, *, for_display: bool = False) -> str:
     """The content type *value* is stored as; the first matching rule wins.
 
-    Arrow-shaped values, then (displays only) markdown and PNG, JSON that round-trips,
-    modules, instances of classes that arrived as ``module/cell``, and pickle for the rest.
+    Arrow-shaped values, then (displays only) the Markdown or PNG form Strata shows (see
+    ``display_forms``), JSON that round-trips, modules, instances of classes that arrived as
+    ``module/cell``, and pickle for the rest.
     """
     if arrow_codec.is_arrow_value(value):
         return ARROW
-    if for_display and _has_markdown(value):
-        return MARKDOWN
-    if for_display and _is_image(value):
-        return PNG
+    if for_display:
+        form = display_forms.shown_form(value)
+        if form is not None:
+            return form[0]
+    return _stored_type(value)
+
+
+def _stored_type(value: object) -> str:
     if _is_json_value(value):
         return JSON
     if isinstance(value, types.ModuleType):
@@ -198,8 +190,17 @@ def serialize(name: str, value: object, out_dir: str, *, for_display: bool = Fal
     stem = folder / file_stem(name)
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        kind = detect_content_type(value, for_display=for_display or _is_display_name(name))
-        return _WRITERS[kind](value, stem)
+        if arrow_codec.is_arrow_value(value):
+            return _write_arrow(value, stem)
+        if for_display or _is_display_name(name):
+            form = display_forms.shown_form(value)  # rendered once, written as it is
+            if form is not None:
+                return (
+                    _write_markdown(form[1], stem)
+                    if form[0] == MARKDOWN
+                    else _write_png(form[1], stem)
+                )
+        return _WRITERS[_stored_type(value)](value, stem)
     except Exception as error:
         return {"error": str(error), "type": type(value).__name__}
 
@@ -221,25 +222,15 @@ def _write_json(value: object, stem: Path) -> Metadata:
     return written(JSON, path, preview=value)
 
 
-def _markdown_text(value: object) -> str:
-    text = value._repr_markdown_()  # type: ignore[attr-defined]
-    if isinstance(text, bytes):
-        return text.decode("utf-8")
-    if isinstance(text, str):
-        return text
-    raise ValueError("_repr_markdown_() returned neither str nor UTF-8 bytes")
-
-
-def _write_markdown(value: object, stem: Path) -> Metadata:
-    text = _markdown_text(value)
+def _write_markdown(text: str, stem: Path) -> Metadata:
     path = target(stem, MARKDOWN)
     with removed_on_error(path):
         path.write_text(text, encoding="utf-8")
     return written(MARKDOWN, path, markdown_text=text, preview=None)
 
 
-def _write_png(value: object, stem: Path) -> Metadata:
-    png, width, height = _render_png(value)
+def _write_png(rendered: display_forms.Png, stem: Path) -> Metadata:
+    png, width, height = rendered
     if width is None or height is None:
         width, height = _png_size(png)
     path = target(stem, PNG)
@@ -247,40 +238,6 @@ def _write_png(value: object, stem: Path) -> Metadata:
         f.write(png)
     data_url = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
     return written(PNG, path, inline_data_url=data_url, width=width, height=height, preview=None)
-
-
-_Png = tuple[bytes, int | None, int | None]
-
-
-def _render_png(value: Any) -> _Png:
-    """PNG bytes from ``_repr_png_``, a matplotlib figure or a PIL image, in that order."""
-    render = getattr(value, "_repr_png_", None)
-    raw = render() if callable(render) else None
-    if isinstance(raw, str):  # IPython's own Image gives base64, as its PNG formatter may
-        return _png_of_base64(raw) or raw.encode("latin1"), None, None
-    if isinstance(raw, bytes | bytearray | memoryview):
-        return bytes(raw), None, None
-    if raw is not None:
-        raise ValueError("_repr_png_() did not return bytes")
-    if figures.is_figure(value):
-        size = (value.get_figwidth() * value.dpi, value.get_figheight() * value.dpi)
-        return figures.figure_png(value), round(size[0]), round(size[1])
-    buffer = io.BytesIO()
-    image = sys.modules.get("PIL.Image")
-    if image is not None and isinstance(value, image.Image):
-        value.save(buffer, format="PNG")
-        return buffer.getvalue(), value.size[0], value.size[1]
-    raise ValueError(f"Cannot render {type(value).__name__} as image/png")
-
-
-def _png_of_base64(text: str) -> bytes | None:
-    """The PNG ``text`` holds in base64 (the bytes Jupyter shows), or None if it holds none."""
-    if not text.startswith("iVBORw0KGg"):  # the PNG signature, in base64
-        return None
-    try:
-        return base64.b64decode(text, validate=True)
-    except ValueError:  # binascii.Error is one
-        return None
 
 
 def _png_size(png: bytes) -> tuple[int | None, int | None]:
@@ -296,8 +253,6 @@ def _png_size(png: bytes) -> tuple[int | None, int | None]:
 
 _WRITERS: dict[str, Callable[[Any, Path], Metadata]] = {
     ARROW: _write_arrow,
-    MARKDOWN: _write_markdown,
-    PNG: _write_png,
     JSON: _write_json,
     MODULE_IMPORT: objects.write_module,
     CELL_INSTANCE: objects.write_cell_instance,

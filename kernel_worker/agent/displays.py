@@ -15,7 +15,7 @@ import sys
 import warnings
 from typing import Any
 
-from . import tracebacks
+from . import display_forms, tracebacks
 from .run_state import current, state
 
 
@@ -28,26 +28,37 @@ def display(*objs: Any, **kwargs: Any) -> Any:
         if not objs:
             return None
     run = current()
-    if run is None or not run.recording or kwargs.get("raw"):
+    raw = kwargs.get("raw")
+    if run is None or not run.recording or (raw and run.formatting):
         return state["display"](*objs, **kwargs)
+    shown = _raw_shown(objs) if raw else [obj for obj in objs if obj is not None]
     if kwargs.get("display_id") is True:  # as IPython names it, but known here
         kwargs["display_id"] = os.urandom(16).hex()
     display_id = kwargs.get("display_id")
     if kwargs.get("update"):
         for index in run.display_ids.get(str(display_id), ()):
-            if objs:
-                run.displays[index] = objs[0]
+            if shown:
+                run.displays[index] = shown[0]
         return state["display"](*objs, **kwargs)
     if kwargs.pop("clear", False):  # IPython's own would mark a clear still to come
         run.clear_pending = True
         state["clear_output"](True)
     _apply_pending_clear(run)
-    shown = [obj for obj in objs if obj is not None]
     if display_id is not None:
         first = len(run.displays)
         run.display_ids.setdefault(str(display_id), []).extend(range(first, first + len(shown)))
     run.displays.extend(shown)
     return state["display"](*objs, **kwargs)
+
+
+def _raw_shown(bundles: Any) -> list[Any]:
+    """The raw bundles (``display(bundle, raw=True)``, as ``fig.show()`` of plotly sends) that
+    hold a form Strata shows, as display values; the others only reach Jupyter's view."""
+    return [
+        display_forms.RawDisplay(bundle)
+        for bundle in bundles
+        if isinstance(bundle, dict) and display_forms.bundle_has_shown_form(bundle)
+    ]
 
 
 def clear_output(wait: bool = False) -> Any:
@@ -165,9 +176,16 @@ def quiet_formatting(shell: Any) -> None:
     format_ = formatter.format
 
     def format(obj: Any, include: Any = None, exclude: Any = None) -> Any:
-        with tracebacks.quiet(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", FormatterWarning)
-            return format_(obj, include=include, exclude=exclude)
+        run = current()
+        if run is not None:  # what formatting displays raw is that value's display, not one more
+            run.formatting += 1
+        try:
+            with tracebacks.quiet(), warnings.catch_warnings():
+                warnings.simplefilter("ignore", FormatterWarning)
+                return format_(obj, include=include, exclude=exclude)
+        finally:
+            if run is not None:
+                run.formatting -= 1
 
     formatter.format = format
 

@@ -26,6 +26,7 @@ class Run:
         ] = {}  # display_id -> indices in displays (update_display replaces)
         self.clear_pending = False  # clear_output(wait=True): cleared by the next display
         self.recording = True
+        self.formatting = 0  # > 0 while IPython formats a display (see displays.display)
         self.error: BaseException | None = None
         self.collected = False
         self.file_label: str | None = (

@@ -20,6 +20,7 @@ from typing import Any
 from . import (
     arrow_codec,
     display_files,
+    display_forms,
     displays,
     figures,
     inputs,
@@ -83,6 +84,7 @@ def _end_run() -> None:
     rebinding.stop()
     arrow_codec.offer_spares(None)
     figures.forget_renders()
+    display_forms.forget_forms()
     if run is not None:
         _forget_run_imports(run)
 
