@@ -370,6 +370,26 @@ class Pool:
         self._retiring.add(kernel)
         self._spawn(self._kill_retired(kernel))
         self._refill_wanted.set()
+        self._replace_now()
+
+    def _replace_now(self) -> None:
+        """Start a retired kernel's replacement at once: counted as starting from now, so
+        that nothing (``/health``) sees the pool with no kernel while one is owed. Left to
+        the refill loop while the pool closes, while starts fail (it waits them out), or
+        while no uid is free."""
+        if (
+            self._closing.is_set()
+            or self._failed_starts
+            or self._restart_delay > self.config.restart_backoff_seconds[0]
+            or len(self._kernels) >= self.config.target_kernels
+            or self._waiting_for_a_uid()
+        ):
+            return
+        try:
+            kernel = self._add_kernel()
+        except Exception:  # the refill loop tries again, and counts the failure
+            return
+        self._spawn(self._refill_one(kernel), start=True)
 
     async def _kill_retired(self, kernel: Kernel) -> None:
         """Kill a retired kernel (until this runs, closing the pool kills it instead)."""
