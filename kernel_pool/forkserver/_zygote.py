@@ -315,7 +315,8 @@ def _reply(sock: socket.socket, reply: dict[str, Any]) -> None:
                 note = f"\n[{dropped} characters not kept]\n"
                 reply[key] = text[:_TEXT_KEPT] + note + text[-_TEXT_KEPT:]
         data = json.dumps(reply).encode()
-    sock.send(data)
+    with contextlib.suppress(OSError):  # the pool has gone: the next read ends this process
+        sock.send(data)
 
 
 def _serve(sock: socket.socket) -> None:
