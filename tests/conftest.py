@@ -68,6 +68,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # where this session's workers put their run directories in /dev/shm (set by the fixture)
 _session_shm: list[Path] = []
 LEFT_IN_SHM = ("joblib_memmapping_folder_*",)  # what kernels would leave there, not a worker
+# uv's own lock files, kept in TMPDIR by design (uv takes them again); they go with the folder
+KEPT_BY_DESIGN = ("uv-*.lock",)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -94,7 +96,11 @@ def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
         else:
             os.environ["TMPDIR"] = before
         tempfile.tempdir = None
-        left = sorted(str(p) for p in session_tmp.iterdir())
+        left = sorted(
+            str(p)
+            for p in session_tmp.iterdir()
+            if not any(p.match(pattern) for pattern in KEPT_BY_DESIGN)
+        )
         for folder in _session_shm:
             left += sorted(str(p) for p in folder.iterdir())
             shutil.rmtree(folder, ignore_errors=True)
