@@ -16,16 +16,13 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import tempfile
 import time
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
 
-import psutil
-
+from .backoff import StartBackoff
 from .config import PoolConfig, RecyclePolicy
 from .errors import KernelStartError, PoolBusy, PoolClosed, PoolError
 from .forkserver import ForkServer
@@ -33,42 +30,12 @@ from .kernel import Kernel, KernelState
 from .kinds import write_kernelspec
 from .lease import Lease, RetireReason
 from .memory import PoolMemory, process_memory
-from .processes import processes_of_uid
+from .private_dir import PrivateDir
 from .stats import PoolStats, StatsRecorder
+from .tasks import PoolTasks, finish
+from .uids import KernelUids, uids_of
 
 log = logging.getLogger(__name__)
-
-
-_PRIVATE_PREFIX = "kernel-pool-"
-_OWNER_FILE = "owner.pid"
-
-
-def _remove_abandoned_private_dirs(parent: Path) -> None:
-    """Remove the private directories of pools whose process died without removing them
-    (SIGKILL): this user's, whose owner process no longer exists."""
-    for path in parent.glob(f"{_PRIVATE_PREFIX}*"):
-        try:
-            owner = int((path / _OWNER_FILE).read_text(encoding="utf-8"))
-            mine = path.lstat().st_uid == os.getuid()
-        except (OSError, ValueError):  # not a pool's, or another user's: not ours to judge
-            continue
-        if mine and owner != os.getpid() and not psutil.pid_exists(owner):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-async def _finish(work: Coroutine[Any, Any, None]) -> None:
-    """Run ``work`` to its end even when this wait is cancelled (cleanup must not be cut
-    short); such a cancellation is raised once ``work`` has ended."""
-    task = asyncio.ensure_future(work)
-    interrupted: asyncio.CancelledError | None = None
-    while not task.done():
-        try:
-            await asyncio.wait({task})
-        except asyncio.CancelledError as exc:  # ours: asyncio.wait raises none of the task's
-            interrupted = exc
-    if interrupted is not None:
-        raise interrupted
-    task.result()
 
 
 class Pool:
@@ -86,24 +53,21 @@ class Pool:
         ``fork_server``: a template shared with other pools (the kind's ``template``),
         which the pool uses and leaves running; else it makes its own if the kind forks."""
         self.config = config
-        self._uids_elsewhere = uids_elsewhere
+        self._uids = KernelUids(config.kernel_uids, self.held_uids, uids_elsewhere)
         self._kernels: dict[str, Kernel] = {}
         self._idle: deque[Kernel] = deque()
         self._available = asyncio.Condition()
         self._lease_slots = asyncio.Semaphore(config.size)
         self._free_slots: list[str | None] = self._initial_slots()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._starts: set[asyncio.Task[Any]] = set()  # kernel starts among them
+        self._tasks = PoolTasks(log)
         self._retiring: set[Kernel] = set()  # retired, not killed yet
         self._refill_wanted = asyncio.Event()
-        self._failed_starts = 0  # since the refill loop last looked
-        self._last_failure: BaseException | None = None
-        self._restart_delay = config.restart_backoff_seconds[0]
+        self._backoff = StartBackoff(config.restart_backoff_seconds, log)
         self._closing = asyncio.Event()
         self._leases_done = asyncio.Event()
         self._leased = 0
         self._started = False
-        self._private_dir: Path | None = None
+        self._private_dir = PrivateDir()
         self._kernel_dirs: list[Path] = []
         self._fork_server: ForkServer | None = fork_server
         self._owns_fork_server = fork_server is None and config.kind.forks
@@ -133,19 +97,15 @@ class Pool:
         try:
             await self._start_kernels()
         except BaseException:
-            await _finish(self.aclose())
+            await finish(self.aclose())
             raise
-        self._spawn(self._refill_loop())
+        self._tasks.spawn(self._refill_loop())
 
     async def _start_kernels(self) -> None:
         parent = Path(self.config.runtime_dir or tempfile.gettempdir())
-        await asyncio.to_thread(_remove_abandoned_private_dirs, parent)
-        self._private_dir = Path(tempfile.mkdtemp(prefix=_PRIVATE_PREFIX, dir=parent))
-        (self._private_dir / _OWNER_FILE).write_text(str(os.getpid()), encoding="utf-8")
-        # kernels running as another user may traverse (not list) it to reach their own dir
-        other_users = self.config.kernel_user or self.config.kernel_uids
-        self._private_dir.chmod(0o711 if other_users else 0o700)
-        self._kernel_dirs = [write_kernelspec(self.config.kind, self._private_dir)]
+        other_users = bool(self.config.kernel_user or self.config.kernel_uids)
+        private_dir = await self._private_dir.create(parent, other_users=other_users)
+        self._kernel_dirs = [write_kernelspec(self.config.kind, private_dir)]
         results = await asyncio.gather(
             *(self._start_one() for _ in range(self.config.target_kernels)),
             return_exceptions=True,
@@ -167,10 +127,10 @@ class Pool:
         try:
             await self._close_gracefully()
         except BaseException:
-            await _finish(self._close_now())
+            await finish(self._close_now())
             raise
         finally:
-            await _finish(self._release_resources())
+            await finish(self._release_resources())
 
     async def _close_gracefully(self) -> None:
         async with self._available:
@@ -180,7 +140,8 @@ class Pool:
                 await asyncio.wait_for(
                     self._leases_done.wait(), self.config.shutdown_timeout_seconds
                 )
-        await self._drain_tasks()
+        self._refill_wanted.set()  # the refill loop sees the pool closing, and ends
+        await self._tasks.drain(time.monotonic() + self.config.shutdown_timeout_seconds)
         kernels = list(self._kernels.values())
         for _ in kernels:
             self._stats.retired(RetireReason.SHUTDOWN)
@@ -195,11 +156,7 @@ class Pool:
     async def _close_now(self) -> None:
         """What a cancelled close still does: every background task cancelled and ended,
         every kernel killed."""
-        while self._tasks:  # a task that ends may spawn another (a retirement's kill)
-            tasks = list(self._tasks)
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.cancel_all()
         kernels = [*self._kernels.values(), *self._retiring]
         self._kernels.clear()
         self._idle.clear()
@@ -209,8 +166,7 @@ class Pool:
     async def _release_resources(self) -> None:
         if self._fork_server is not None and self._owns_fork_server:
             await self._fork_server.aclose()
-        if self._private_dir is not None:
-            await asyncio.to_thread(shutil.rmtree, self._private_dir, True)
+        await self._private_dir.remove()
 
     async def __aenter__(self) -> Pool:
         await self.start()
@@ -286,9 +242,9 @@ class Pool:
             return
         kernel.state = KernelState.RESETTING
         if lease.reset_pending is not None:
-            self._spawn(self._return_after_inline_reset(kernel, lease.reset_pending))
+            self._tasks.spawn(self._return_after_inline_reset(kernel, lease.reset_pending))
         else:
-            self._spawn(self._reset_and_return(kernel))
+            self._tasks.spawn(self._reset_and_return(kernel))
 
     def _reusable(self, kernel: Kernel) -> bool:
         """Whether ``kernel`` may serve another lease after the next one (policy only)."""
@@ -368,7 +324,7 @@ class Pool:
         self._free_slots.append(kernel.slot)
         self._stats.retired(reason)
         self._retiring.add(kernel)
-        self._spawn(self._kill_retired(kernel))
+        self._tasks.spawn(self._kill_retired(kernel))
         self._refill_wanted.set()
         self._replace_now()
 
@@ -379,8 +335,7 @@ class Pool:
         while no uid is free."""
         if (
             self._closing.is_set()
-            or self._failed_starts
-            or self._restart_delay > self.config.restart_backoff_seconds[0]
+            or self._backoff.backing_off
             or len(self._kernels) >= self.config.target_kernels
             or self._waiting_for_a_uid()
         ):
@@ -389,7 +344,7 @@ class Pool:
             kernel = self._add_kernel()
         except Exception:  # the refill loop tries again, and counts the failure
             return
-        self._spawn(self._refill_one(kernel), start=True)
+        self._tasks.spawn(self._refill_one(kernel), start=True)
 
     async def _kill_retired(self, kernel: Kernel) -> None:
         """Kill a retired kernel (until this runs, closing the pool kills it instead)."""
@@ -406,13 +361,13 @@ class Pool:
 
     def _add_kernel(self) -> Kernel:
         """A kernel not started yet, counted in the pool from now on (it holds a slot)."""
-        assert self._private_dir is not None
+        assert self._private_dir.path is not None
         slot = self._free_slots.pop()
         try:
-            uid = self._free_uid()
+            uid = self._uids.free()
             kernel = Kernel(
                 self.config,
-                self._private_dir,
+                self._private_dir.path,
                 self._kernel_dirs,
                 slot,
                 on_death=self._on_kernel_death,
@@ -424,21 +379,6 @@ class Pool:
             raise
         self._kernels[kernel.kernel_id] = kernel
         return kernel
-
-    def _free_uid(self) -> int | None:
-        """With ``kernel_uids``: the first uid of the range that no kernel of the pool holds
-        and no process runs as (what a retired kernel left is killed before its uid is
-        free). :class:`KernelStartError` when every uid is still taken."""
-        if self.config.kernel_uids is None:
-            return None
-        first, last = self.config.kernel_uids
-        held = self.held_uids()
-        if self._uids_elsewhere is not None:
-            held |= self._uids_elsewhere()
-        for uid in range(first, last + 1):
-            if uid not in held and not processes_of_uid(uid):
-                return uid
-        raise KernelStartError(f"every kernel uid of {first}-{last} is still in use")
 
     async def _start_one(self, kernel: Kernel | None = None) -> Kernel:
         kernel = kernel if kernel is not None else self._add_kernel()
@@ -464,17 +404,10 @@ class Pool:
         never runs more than its target. After a failed start the next round of starts
         waits, twice as long each time in a row, up to the configured largest delay.
         """
-        largest = self.config.restart_backoff_seconds[1]
         while not self._closing.is_set():
             await self._refill_wanted.wait()
             self._refill_wanted.clear()
-            failed, self._failed_starts = self._failed_starts, 0
-            if failed:
-                delay = self._restart_delay
-                log.error("kernel start failed (retrying in %.1fs): %s", delay, self._last_failure)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._closing.wait(), delay)
-                self._restart_delay = min(delay * 2, largest)
+            await self._backoff.wait_out(self._closing)
             for _ in range(self.config.target_kernels - len(self._kernels)):
                 if self._closing.is_set():
                     break
@@ -485,7 +418,7 @@ class Pool:
                 except Exception as exc:
                     self._start_failed(exc)
                     break
-                self._spawn(self._refill_one(kernel), start=True)
+                self._tasks.spawn(self._refill_one(kernel), start=True)
 
     async def _refill_one(self, kernel: Kernel) -> None:
         try:
@@ -493,49 +426,14 @@ class Pool:
         except Exception as exc:
             self._start_failed(exc)
         else:
-            self._restart_delay = self.config.restart_backoff_seconds[0]
+            self._backoff.succeeded()
 
     def _start_failed(self, exc: BaseException) -> None:
         """Counted, logged by the refill loop, and retried after a delay."""
         if not isinstance(exc, KernelStartError):  # those are counted where they are raised
             self._stats.start_failed(f"{type(exc).__name__}: {exc}")
-        self._failed_starts += 1
-        self._last_failure = exc
+        self._backoff.failed(exc)
         self._refill_wanted.set()
-
-    async def _drain_tasks(self) -> None:
-        """Let resets and kills finish (bounded); cancel what is still running after that.
-
-        Kernel starts under way are cancelled at once (each kills its kernel): a
-        replacement's preload may take minutes, and no kernel is wanted any more.
-        """
-        self._refill_wanted.set()
-        for task in self._starts:
-            task.cancel()
-        deadline = time.monotonic() + self.config.shutdown_timeout_seconds
-        while self._tasks:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                for task in self._tasks:
-                    task.cancel()
-                await asyncio.gather(*self._tasks, return_exceptions=True)
-                return
-            await asyncio.wait(set(self._tasks), timeout=remaining)
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any], *, start: bool = False) -> None:
-        """Run a background task owned by the pool (cancelled and awaited by aclose);
-        ``start``: a kernel start, which closing the pool cancels at once."""
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        if start:
-            self._starts.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        self._starts.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("pool background task failed", exc_info=task.exception())
 
     # -- introspection ---------------------------------------------------------------------------
 
@@ -557,7 +455,7 @@ class Pool:
     @property
     def private_dir(self) -> Path | None:
         """The pool's private (0700) directory holding connection files."""
-        return self._private_dir
+        return self._private_dir.path
 
     def memory(self) -> PoolMemory:
         """Each live kernel's memory, and the template's (the fork server holds the
@@ -573,18 +471,11 @@ class Pool:
         """The uids of ``kernel_uids`` that this pool's kernels hold, a retired kernel's
         until it is torn down (its processes killed, what its uid left removed): a uid
         goes to a new kernel only after that."""
-        kernels = [*self._kernels.values(), *self._retiring]
-        return {uid for k in kernels if (uid := k.own_uid) is not None}
+        return uids_of([*self._kernels.values(), *self._retiring])
 
     def _waiting_for_a_uid(self) -> bool:
         """Every uid of the range is held, one by a kernel being torn down."""
-        if self.config.kernel_uids is None or not self._retiring:
-            return False
-        first, last = self.config.kernel_uids
-        held = self.held_uids()
-        if self._uids_elsewhere is not None:
-            held |= self._uids_elsewhere()
-        return all(uid in held for uid in range(first, last + 1))
+        return bool(self._retiring) and self._uids.all_held()
 
     def kernel_pids(self) -> dict[str, int | None]:
         """Process ids of the live kernels (for diagnostics and tests)."""
