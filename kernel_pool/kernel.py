@@ -7,6 +7,10 @@ guarantees that.
 Messages are read from the shell and IOPub sockets into one event queue per kernel; the
 kernel's death (observed through a pidfd) arrives on the same queue, event-driven, so an
 execution waits on exactly one thing.
+
+The start-up steps and what their failures are live in :mod:`kernel_pool.startup`; the
+kernel's process tree (its baseline, the strays a cell left, its memory) in
+:mod:`kernel_pool.process_tree`.
 """
 
 from __future__ import annotations
@@ -25,47 +29,20 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from .channels import UNREADABLE, KernelChannels
 from .config import PoolConfig
-from .errors import (
-    ExecutionTimeout,
-    KernelDied,
-    KernelInitError,
-    KernelStartError,
-    PreloadError,
-)
-from .forkserver import ForkServer, killed_with_kernel
-from .helper_source import (
-    HELPER,
-    KERNEL_ARGS,
-    kernel_cwd,
-    kernel_environment,
-    setup_code,
-    shipped_packages,
-)
+from .errors import ExecutionTimeout, KernelDied
+from .forkserver import ForkServer
+from .helper_source import HELPER, KERNEL_ARGS, kernel_cwd, kernel_environment, shipped_packages
 from .inbox import Inbox
 from .kinds import LanguageCode
 from .launch import ForkedKernel, KernelProcess, SpawnedKernel
 from .leftovers import release_uid
 from .messages import RESET_MSG_TYPE, ExecuteResult, InlineReset, Output, library_pids
-from .processes import (
-    KernelIdentity,
-    descendants,
-    kernel_identity,
-    processes_of_uid,
-    signal_group,
-    threads_of,
-)
-from .replies import (
-    OutputCallback,
-    answered_with_iopub,
-    collect,
-    literal,
-    next_event,
-    where_in_cell,
-)
+from .process_tree import Baseline, signal_tree, tree_memory
+from .processes import KernelIdentity, kernel_identity
+from .replies import OutputCallback, answered_with_iopub, collect, literal, next_event
+from .startup import run_startup_code
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +89,7 @@ class Kernel:
         self._fork_server = fork_server
         self._process: KernelProcess | None = None
         self._exit_code: int | None = None
-        self._baseline_children: frozenset[int] = frozenset()
-        self._infrastructure_threads: frozenset[int] = frozenset()
+        self._baseline = Baseline()  # its own processes and threads, after start-up
         # its own uid (kernel_uids), the pool's one kernel user, or none
         self._identity = identity if identity is not None else kernel_identity(config)
         self._own_uid = identity is not None
@@ -208,78 +184,10 @@ class Kernel:
                     return
 
     async def _run_startup_code(self, deadline: float) -> None:
-        code = self._config.kind.code
-        if code is not None:  # another language: the kind's own code, not the pool's helper
-            await self._run_language_startup(code, deadline)
-        else:
-            await self._run_python_startup(deadline)
-        self._baseline_children = frozenset(self._child_pids())
-        if self.pid is not None:
-            # the kernel's own machinery (ZMQ I/O, heartbeat, IOPub, control) never runs cell
-            # code: after each cell only the main thread and newer threads are looked at
-            self._infrastructure_threads = threads_of(self.pid) - {self.pid}
-
-    async def _run_language_startup(self, code: LanguageCode, deadline: float) -> None:
-        """The kind's setup, the preload and the kernel init (as cells), then its capture."""
-        kind = self._config.kind
-        stages = [("preload", kind.preload), ("kernel init", kind.kernel_init)]
-        steps = [("setup", code.setup), *stages, ("baseline", code.capture)]
-        for what, source in steps:
-            if source:
-                await self._startup_step(what, source, deadline, {})
-
-    async def _run_python_startup(self, deadline: float) -> None:
         # a forked kernel has the shipped packages loaded already (see the fork server)
         loaded = self._process is not None and self._process.has_agent
-        setup = setup_code(self._config, self.slot, loaded=loaded)
-        # as few round trips as the order allows: the helper calls ride on the code's
-        # execution (user expressions run after the code, and only if it succeeded)
-        mark = {"mark": f"{HELPER}.mark_before_preload()"}
-        capture = {"capture": f"{HELPER}.capture()"}
-        # the stages after the setup: the preload (unless the template ran it before the
-        # fork), then the per-kernel stage; the baseline is captured after the last
-        stages = [("kernel init", self._config.kind.kernel_init)]
-        if not self.preloaded_in_template:
-            stages.insert(0, ("preload", self._config.kind.preload))
-        steps = [("setup", setup), *((what, code) for what, code in stages if code)]
-        for position, (what, code) in enumerate(steps):
-            calls = {"mark": mark["mark"]} if position == 0 else {}
-            if position == len(steps) - 1:
-                calls.update(capture)
-            await self._startup_step(what, code, deadline, calls)
-
-    async def _startup_step(
-        self, what: str, code: str, deadline: float, helper_calls: Mapping[str, str]
-    ) -> None:
-        """Run start-up ``code``, then the helper calls (as user expressions) if it worked."""
-        try:
-            result = await self.execute(
-                code, deadline=deadline, silent=True, store_history=False,
-                user_expressions=helper_calls,
-            )  # fmt: skip
-        except KernelDied as exc:  # e.g. a preload that crashes the interpreter
-            message = f"the kernel died running it (exit status {exc.exit_code})"
-            raise self._start_failure(what, message) from exc
-        except ExecutionTimeout as exc:
-            limit = self._config.start_timeout_seconds
-            message = f"it did not finish within the kernel start timeout ({limit:g}s)"
-            raise self._start_failure(what, message) from exc
-        if not result.ok:
-            message = f"{result.reply.get('ename', 'Error')}: {result.reply.get('evalue', '')}"
-            where = where_in_cell(result.reply.get("traceback"))
-            raise self._start_failure(what, f"{message} ({where})" if where else message)
-        for key in helper_calls:
-            try:
-                literal(result, key)
-            except (RuntimeError, ValueError, SyntaxError, KeyError) as exc:
-                raise KernelStartError(f"kernel helper call {key} failed: {exc}") from exc
-
-    def _start_failure(self, what: str, message: str) -> KernelStartError:
-        if what == "preload":
-            return PreloadError(message)
-        if what == "kernel init":
-            return KernelInitError(message)
-        return KernelStartError(f"{what} code failed in kernel {self.kernel_id}: {message}")
+        await run_startup_code(self, self._config, deadline, loaded=loaded)
+        self._baseline.capture(self.pid)
 
     # -- process watching ------------------------------------------------------------------------
 
@@ -301,18 +209,9 @@ class Kernel:
             raise KernelDied(self._exit_code)
         return self._channels
 
-    def _child_pids(self) -> list[int]:
-        return descendants(self.pid) if self.pid is not None else []
-
     def memory_bytes(self) -> int:
         """Resident memory of the kernel and every process it started."""
-        if self.pid is None:
-            return 0
-        total = 0
-        for pid in (self.pid, *descendants(self.pid)):
-            with contextlib.suppress(psutil.Error):
-                total += psutil.Process(pid).memory_info().rss
-        return int(total)
+        return tree_memory(self.pid)
 
     @property
     def identity(self) -> KernelIdentity | None:
@@ -331,8 +230,7 @@ class Kernel:
     def keep_library_processes(self, pids: Iterable[int]) -> None:
         """Count these children (a library's helpers, named by the kernel's reset) as part
         of the baseline: they live as long as the kernel, as in any long-lived interpreter."""
-        children = set(self._child_pids())
-        self._baseline_children |= {pid for pid in pids if pid in children}
+        self._baseline.keep(self.pid, pids)
 
     def stray_problems(self) -> list[str]:
         """What the kernel cannot see from inside: processes a cell left running."""
@@ -343,19 +241,9 @@ class Kernel:
         return problems
 
     def stray_children(self) -> list[int]:
-        """Processes started since the baseline that are still alive.
-
-        Children of the kernel's infrastructure threads are not looked for: cells run in
-        the main thread (a thread a cell started is a new thread, and when it ends its
-        children pass to the main thread).
-        """
-        if self.pid is None:
-            return []
-        found = descendants(self.pid, skip_threads=self._infrastructure_threads)
-        uid = self.own_uid
-        if uid is not None:  # what escaped the tree (a cleared subreaper flag) runs as it too
-            found = sorted({*found, *processes_of_uid(uid)} - {self.pid})
-        return [pid for pid in found if pid not in self._baseline_children]
+        """Processes started since the baseline that are still alive (see
+        :meth:`~kernel_pool.process_tree.Baseline.strays`)."""
+        return self._baseline.strays(self.pid, self.own_uid)
 
     # -- execution ---------------------------------------------------------------------------------
 
@@ -521,7 +409,7 @@ class Kernel:
         self.state = KernelState.STOPPED
         pid = self.pid
         if pid is not None:
-            self._signal_tree(pid, signal.SIGKILL)
+            signal_tree(pid, signal.SIGKILL)
         await self._teardown(now=True)
 
     async def shutdown(self) -> None:
@@ -529,7 +417,7 @@ class Kernel:
         self.state = KernelState.STOPPED
         pid = self.pid
         if pid is not None and self.died.is_set():
-            self._signal_tree(pid, signal.SIGKILL)
+            signal_tree(pid, signal.SIGKILL)
         try:
             await asyncio.wait_for(
                 self._teardown(now=False), self._config.shutdown_timeout_seconds + 1
@@ -537,19 +425,7 @@ class Kernel:
         except TimeoutError:
             await self.kill()
         if pid is not None:
-            self._signal_tree(pid, signal.SIGKILL)  # children the kernel left behind
-
-    def _signal_tree(self, pid: int, sig: int) -> None:
-        try:
-            descendants = psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            descendants = []
-        signal_group(pid, sig)  # the kernel leads its own session/process group
-        if sig == signal.SIGKILL:
-            killed_with_kernel(proc.pid for proc in descendants)
-        for proc in descendants:
-            with contextlib.suppress(psutil.Error):
-                proc.send_signal(sig)
+            signal_tree(pid, signal.SIGKILL)  # children the kernel left behind
 
     async def _teardown(self, *, now: bool) -> None:
         channels = self._channels
