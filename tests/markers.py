@@ -20,3 +20,10 @@ def quick_subset(values: Iterable[Any], quick: Collection[Any]) -> list[Any]:
     missing = [v for v in quick if v not in values]
     assert not missing, f"quick cases that are not in the matrix: {missing}"
     return [pytest.param(v, marks=() if v in quick else pytest.mark.slow) for v in values]
+
+
+def full_run_only(value: Any) -> Any:
+    """``value`` as a parameter marked ``slow``: the other path of a two-way matrix (spawned
+    beside forked kernels, the full reset beside the inline one), which the quick loop
+    leaves to the full run."""
+    return pytest.param(value, marks=pytest.mark.slow)

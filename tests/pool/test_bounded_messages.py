@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from kernel_pool import Pool, PoolConfig
 from tests.pool.test_pool import stdout_of
@@ -44,6 +45,7 @@ def _late_replies(done: Path) -> str:
     )
 
 
+@pytest.mark.slow
 async def test_replies_nobody_waits_for_are_dropped_as_they_arrive(tmp_path: Path) -> None:
     done = tmp_path / "done"
     os.mkfifo(done)

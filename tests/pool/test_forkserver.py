@@ -33,6 +33,7 @@ from kernel_pool import (
 from kernel_pool.forkserver import FORK_SERVER_SCRIPT, ForkedKernelProcess, ForkServer
 from kernel_pool.shipping import INKERNEL, load_code
 from tests.conftest import alive, start_worker, wait_gone
+from tests.markers import full_run_only
 from tests.pool.test_pool import run, running, settle
 from tests.setups import kernel_setup
 from tests.waiting import wait_until
@@ -133,7 +134,7 @@ async def test_a_forked_kernel_inherits_no_descriptor_of_the_pool(pool: Pool) ->
     assert len(a["fds"]) == len(b["fds"])  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)], ids=["forked", "spawned"])
 @pytest.mark.parametrize(
     ("code", "status"),
     [("import os\nos._exit(3)", 3), ("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)", -9)],
@@ -150,7 +151,7 @@ async def test_exit_status_of_a_dead_kernel(fork_server: bool, code: str, status
             assert await run(lease, "print(6 * 7)") == "42\n"
 
 
-@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)], ids=["forked", "spawned"])
 async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
     bad = ("--IPKernelApp.transport=bogus",)  # ipykernel refuses it
     config = PoolConfig(size=1, extra_arguments=bad, kind=KernelKind(fork=fork_server))
@@ -161,7 +162,7 @@ async def test_a_kernel_that_exits_during_start_up(fork_server: bool) -> None:
     assert not [c for c in leftovers if FORK_SERVER_SCRIPT in c or "ipykernel" in c], leftovers
 
 
-@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)], ids=["forked", "spawned"])
 async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_error(
     fork_server: bool,
 ) -> None:
@@ -172,6 +173,7 @@ async def test_a_preload_that_kills_its_kernel_fails_the_start_with_a_preload_er
         await Pool(config).start()
 
 
+@pytest.mark.slow
 async def test_spawned_kernels_interrupt_and_run() -> None:
     async with Pool(PoolConfig(size=1, kind=KernelKind(fork=False))) as pool:
         (pid,) = pool.kernel_pids().values()
@@ -187,6 +189,7 @@ async def test_spawned_kernels_interrupt_and_run() -> None:
             assert await run(lease, "print('still here')") == "still here\n"
 
 
+@pytest.mark.slow
 async def test_losing_the_fork_server_loses_no_kernel() -> None:
     async with Pool(PoolConfig(size=2)) as pool:
         server = fork_server_of(pool)
@@ -217,7 +220,7 @@ async def test_closing_the_pool_stops_the_fork_server_and_every_kernel() -> None
     assert not any(alive(pid) for pid in kernels)
 
 
-@pytest.mark.parametrize("fork_server", [True, False], ids=["forked", "spawned"])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)], ids=["forked", "spawned"])
 async def test_closing_the_pool_lets_kernels_exit_cleanly(
     fork_server: bool, tmp_path: Path
 ) -> None:
@@ -327,6 +330,7 @@ def is_subreaper() -> bool:
     return bool(flag.value)
 
 
+@pytest.mark.slow
 async def test_the_pool_adopts_orphans_only_while_it_forks() -> None:
     """Outside a fork, orphans of cells go where they always went (not to this process)."""
     assert not is_subreaper()
@@ -342,6 +346,7 @@ async def test_the_pool_adopts_orphans_only_while_it_forks() -> None:
         _prctl(36, 0)
 
 
+@pytest.mark.slow
 def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
     """SIGKILL of the process that owns the pool: the fork server and its kernels exit, and
     the next pool on that runtime directory removes the private directory left behind."""
@@ -379,6 +384,7 @@ def test_a_dead_pool_process_takes_its_kernels_with_it(tmp_path: Path) -> None:
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_kernel_whose_pool_died_while_it_started_does_not_outlive_it(tmp_path: Path) -> None:
     """The pool's process is killed while its kernel runs a slow per-kernel stage: the
     kernel, adopted by another process before its lifeline started, still exits (it watched
@@ -423,7 +429,7 @@ _PREPARED = (
 )
 
 
-@pytest.mark.parametrize("fork_server", [True, False])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)])
 async def test_shipped_packages_load_once_in_the_fork_server(fork_server: bool) -> None:
     setup = kernel_setup(_LOADED_WHERE, install=False)
     config = PoolConfig(size=2, setup=setup, kind=KernelKind(fork=fork_server))
@@ -446,7 +452,7 @@ _INSTALL = (
 )
 
 
-@pytest.mark.parametrize("fork_server", [True, False])
+@pytest.mark.parametrize("fork_server", [True, full_run_only(False)])
 async def test_the_setup_installs_in_every_kernel(fork_server: bool) -> None:
     config = PoolConfig(size=1, setup=kernel_setup(_INSTALL), kind=KernelKind(fork=fork_server))
     async with Pool(config) as pool, pool.lease() as lease:
@@ -462,7 +468,9 @@ async def test_a_shipped_package_that_fails_stops_the_start_with_its_message() -
     await pool.aclose()
 
 
-@pytest.mark.parametrize("own_session", [False, True], ids=["in-its-session", "own-session"])
+@pytest.mark.parametrize(
+    "own_session", [False, full_run_only(True)], ids=["in-its-session", "own-session"]
+)
 async def test_children_a_retired_kernel_leaves_to_this_process_are_reaped(
     own_session: bool,
 ) -> None:

@@ -15,10 +15,11 @@ import pytest
 from jupyter_client.blocking import BlockingKernelClient
 
 from kernel_pool import KernelKind, Lease, Output, Pool, PoolConfig
+from tests.markers import full_run_only
 from tests.pool.test_pool import stdout_of
 
 
-@pytest.fixture(params=[True, False], ids=["forked", "spawned"])
+@pytest.fixture(params=[True, full_run_only(False)], ids=["forked", "spawned"])
 def fork_server(request: pytest.FixtureRequest) -> bool:
     return bool(request.param)
 

@@ -93,12 +93,7 @@ class OtherPython:
 
 # the quick loop proves the in-kernel code on one other minor, with a few cases
 QUICK_MINOR = "3.12" if "3.12" in MINORS else MINORS[0]
-QUICK_CASES = (
-    "warnings filter",
-    "recursion limit",
-    "signal handler",
-    "environment set under os.environ",
-)
+QUICK_CASES = ("warnings filter", "signal handler")
 
 
 @pytest.fixture(

@@ -28,6 +28,7 @@ from kernel_pool import (
     RecyclePolicy,
 )
 from tests.conftest import alive
+from tests.markers import full_run_only
 from tests.setups import kernel_setup
 from tests.waiting import eventually
 
@@ -67,7 +68,9 @@ async def running(lease: Lease, code: str, timeout: float = 30.0) -> asyncio.Fut
     return task
 
 
-@pytest.fixture(params=[False, True], ids=["reset-after-lease", "reset-with-last-cell"])
+@pytest.fixture(
+    params=[full_run_only(False), True], ids=["reset-after-lease", "reset-with-last-cell"]
+)
 def last(request: pytest.FixtureRequest) -> bool:
     """Whether the lease's last cell asks the kernel to reset in the same round trip."""
     return bool(request.param)
@@ -292,6 +295,7 @@ async def test_cell_ignoring_sigint_is_killed_within_grace() -> None:
         assert not alive(pid)
 
 
+@pytest.mark.slow
 async def test_kernel_ignoring_sigint_is_killed(fault_kernels: Path) -> None:
     config = PoolConfig(
         size=1, interrupt_grace_seconds=0.3, kind=KernelKind(kernel_name="ignores-sigint")
@@ -351,6 +355,7 @@ async def test_unknown_kernelspec() -> None:
         ).start()
 
 
+@pytest.mark.slow
 async def test_slow_starting_kernel_is_waited_for(fault_kernels: Path) -> None:
     async with Pool(PoolConfig(size=1, kind=KernelKind(kernel_name="slow-start"))) as pool:
         assert pool.stats().kernel_start.max_seconds >= 1.5

@@ -236,6 +236,7 @@ async def test_threads_a_library_keeps_are_warm_state(pool: Pool, last: bool) ->
     assert out.startswith("['threaded-monitor', 'threaded-pool")
 
 
+@pytest.mark.slow
 async def test_a_library_changing_state_while_the_reset_walks_it(pool: Pool, last: bool) -> None:
     """Dictionaries and lists a reset walks change under it (another thread): every reset
     still completes, and the kernel is kept."""

@@ -399,12 +399,9 @@ async def probe_once(pool: Pool, probe: str) -> str:
 # one case of each kind of state in the quick loop; the whole matrix in the full run
 QUICK_CASES = (
     "warnings filter",
-    "recursion limit",
     "signal handler",
     "module values a cell set",
     "a library's logger",
-    "environment set under os.environ",
-    "traceback mode",
     "matplotlib backend",
 )
 

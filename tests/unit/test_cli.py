@@ -134,6 +134,7 @@ def _failed_start(*args: str) -> str:
     return proc.stderr
 
 
+@pytest.mark.slow
 def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPathFactory) -> None:
     """One line says what failed and where in the preload."""
     preload = tmp_path / "preload.py"  # type: ignore[operator]
