@@ -63,6 +63,7 @@ def _console(w: WorkerProcess, build_id: str) -> httpx.Response:
     return httpx.get(f"{w.url}/v1/executions/{build_id}/console", timeout=10)
 
 
+@pytest.mark.slow
 def test_a_busy_worker_is_waited_out_and_said_so(single: WorkerProcess, tmp_path: Path) -> None:
     """``run`` holds the only execution slot until a file appears (its console shown live);
     a second cell from the client is answered 503 + Retry-After, reported, and sent again

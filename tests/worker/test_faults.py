@@ -244,6 +244,7 @@ def test_preload_that_fails_on_restart(
         w.stop()
 
 
+@pytest.mark.slow
 def test_a_500_mb_display(c: httpx.Client) -> None:
     """Over the cap on one display (64 MiB by default): dropped, a marker in both views."""
     source = (

@@ -744,6 +744,7 @@ def test_malformed_data_is_a_clear_cell_error(client: httpx.Client, fmt: str, da
 
 # schemathesis's pytest integration (from_fixture) does not run under pytest 9, so its
 # strategies are driven by hypothesis directly, one property over every operation.
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_openapi_operations_never_5xx(fuzz_worker: WorkerProcess, mode: GenerationMode) -> None:
     api = schemathesis.openapi.from_url(fuzz_worker.url + "/openapi.json")

@@ -47,6 +47,7 @@ def test_sigterm_drains_in_flight_work_then_exits_cleanly(
         w.stop()
 
 
+@pytest.mark.slow
 def test_the_drain_waits_for_the_results_clients_poll_for_and_no_others(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
@@ -267,6 +268,7 @@ def _complete(data: bytes) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_clients_that_stall_do_not_hold_the_stop(tmp_path_factory: pytest.TempPathFactory) -> None:
     """After the drain, answers still being sent are cut off within a few seconds: a client
     that stopped reading its answer, or sending its upload, kept the worker up for as long

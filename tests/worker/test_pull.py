@@ -261,6 +261,7 @@ def test_log_url_receives_ordered_chunks(client: httpx.Client, store: FakeStore,
     assert bundle.members["stdout.txt"] == b"line 0\nline 1\nline 2\nline 3\n"
 
 
+@pytest.mark.slow
 def test_slow_log_server_drops_chunks_but_never_the_bundle(
     client: httpx.Client, store: FakeStore, key: str
 ) -> None:

@@ -411,6 +411,7 @@ async def test_a_stream_id_is_free_again_once_its_answer_has_ended(in_process: F
         assert answer.content == b"done"
 
 
+@pytest.mark.slow
 async def test_a_relay_that_drops_every_socket_at_once_is_dialled_ever_more_slowly() -> None:
     relay = FakeRelay(close_at_once=True)
     serving = asyncio.create_task(serve_relay(relay.url, _APP, None))

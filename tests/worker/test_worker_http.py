@@ -905,6 +905,7 @@ def test_a_cell_that_closes_a_standard_stream_does_not_break_the_next(
     assert bundle.stderr().startswith("err\n") and "UserWarning: careful" in bundle.stderr()
 
 
+@pytest.mark.slow
 def test_a_cell_that_breaks_the_kernels_reply_is_a_502_not_a_timeout(solo: httpx.Client) -> None:
     """The kernel goes idle without replying: a prompt 502 (not a 408 after the cell's whole
     timeout), and the next request runs on a new kernel."""
