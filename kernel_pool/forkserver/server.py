@@ -4,6 +4,11 @@ One fork server per pool, started on the first kernel start and again after it d
 forks kernels with ipykernel already imported: a kernel start costs a fork and ipykernel's
 own initialisation instead of a new interpreter and every import (about 0.35 s of CPU on
 these machines, which a 2-core box was spending while other cells waited).
+
+Here: the fork server's process (started, stopped, replaced after it dies), the requests
+sent to it, and the adoption of what it forks (this process a child subreaper while a fork
+is in flight, and the strays that come with it). A forked kernel's exit is watched by
+``forked.py``; the datagrams' framing is ``wire.py``'s.
 """
 
 from __future__ import annotations
@@ -12,21 +17,20 @@ import asyncio
 import contextlib
 import ctypes
 import itertools
-import json
 import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
-import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from ..errors import KernelStartError, PreloadError
 from ..processes import signal_group
+from .forked import ForkedKernelProcess, unwatch_and_close
+from .wire import ForkServerLost, encode_request, readable_reply, receive, send_with_fd
 
 log = logging.getLogger(__name__)
 
@@ -35,104 +39,6 @@ FORK_SERVER_SCRIPT = "kernel_pool/forkserver/_zygote.py"
 """In the command line of a fork server (its kernels show ``python -m ipykernel_launcher …``)."""
 _TITLE_ROOM = 2048  # bytes of command line a forked kernel may show
 _PATH_VARIABLE = "KERNEL_POOL_TEMPLATE_PATH"  # read (and removed) by _zygote.py
-
-ExitCallback = Callable[[int | None], None]
-
-
-def unwatch_and_close(fd: int | None) -> None:
-    """Stop watching ``fd`` on the running loop (if it was) and close it."""
-    if fd is None:
-        return
-    with contextlib.suppress(ValueError, OSError, RuntimeError):
-        asyncio.get_running_loop().remove_reader(fd)
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-class ForkedKernelProcess:
-    """A kernel forked by the fork server and adopted by this process: its pid, its exit."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.returncode: int | None = None
-        self._pidfd: int | None = None
-        self._on_exit: ExitCallback | None = None
-        self._exited = asyncio.Event()
-        self._look: asyncio.TimerHandle | None = None
-
-    def watch(self, on_exit: ExitCallback) -> None:
-        """Call ``on_exit(returncode)`` once, when the process has exited (it is reaped).
-
-        Without pidfd (Linux before 5.3, some sandboxes) the process is looked at every so
-        often (from 10 ms, doubling, up to 0.5 s), on the loop: reaped if it is this
-        process's child, else found gone from ``/proc`` (a zombie counts as gone). A
-        waiting thread would hold one of the loop's few worker threads per kernel, and
-        told a kernel that is not this process's child (not adopted) dead at once."""
-        self._on_exit = on_exit
-        try:
-            self._pidfd = os.pidfd_open(self.pid)
-        except (AttributeError, OSError):  # no pidfd: look every so often
-            started = _stat_and_state(self.pid)
-            self._look_again(started[0] if started else None, _LOOK_SECONDS[0])
-            return
-        asyncio.get_running_loop().add_reader(self._pidfd, self._reap)
-
-    def _look_again(self, started: int | None, seconds: float) -> None:
-        self._look = None
-        if self._exited.is_set():
-            return
-        if self._gone(started):
-            self._exit_seen()
-            return
-        later = min(seconds * 2, _LOOK_SECONDS[1])
-        loop = asyncio.get_running_loop()
-        self._look = loop.call_later(seconds, self._look_again, started, later)
-
-    def _gone(self, started: int | None) -> bool:
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:  # not this process's child: is it still the one running?
-            now = _stat_and_state(self.pid)
-            return now is None or now[0] != started or now[1] in (b"Z", b"X")
-        if pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-        return bool(pid)
-
-    def _reap(self) -> None:
-        self.close()
-        self._collect(os.WNOHANG)
-        self._exit_seen()
-
-    def _collect(self, flags: int) -> None:
-        try:
-            pid, status = os.waitpid(self.pid, flags)
-        except ChildProcessError:  # never adopted (see _zygote): its status is not ours
-            return
-        if pid:
-            self.returncode = os.waitstatus_to_exitcode(status)
-
-    def _exit_seen(self) -> None:
-        if not self._exited.is_set():
-            self._exited.set()
-            if self._on_exit is not None:
-                self._on_exit(self.returncode)
-
-    def close(self) -> None:
-        fd, self._pidfd = self._pidfd, None
-        unwatch_and_close(fd)
-        if self._look is not None:
-            self._look.cancel()
-            self._look = None
-
-    async def wait(self, seconds: float) -> bool:
-        """Whether the process exited within ``seconds``."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._exited.wait(), seconds)
-        return self._exited.is_set()
-
-    def signal_group(self, sig: int) -> None:
-        signal_group(self.pid, sig)
-
 
 _PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37
 _adopting = 0  # forks in flight, over every pool of this process
@@ -263,34 +169,6 @@ def _stat(pid: str) -> tuple[int, int, int, int] | None:
         return None
 
 
-_LOOK_SECONDS = (0.01, 0.5)  # without pidfd: first and largest wait between looks at a kernel
-
-
-def _stat_and_state(pid: int) -> tuple[int, bytes] | None:
-    """(start time, state) of ``pid`` from ``/proc/<pid>/stat``; None if it is gone.
-    Where there is no ``/proc``, (0, b"R") while a signal can reach it."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except FileNotFoundError:
-        if os.path.isdir("/proc/self"):
-            return None
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
-        return 0, b"R"
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19]), fields[0]
-    except (IndexError, ValueError):
-        return None
-
-
 def _prctl(*args: Any) -> int:
     try:
         return int(ctypes.CDLL(None, use_errno=True).prctl(*args))
@@ -332,46 +210,6 @@ async def _kill_when_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
 def _kill_forked(asking: asyncio.Future[dict[str, Any]]) -> None:
     if not asking.cancelled() and asking.exception() is None:
         _kill_orphan(asking.result())
-
-
-async def _send_with_fd(
-    loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes, fd: int
-) -> None:
-    """Send one datagram with ``fd`` attached (``SCM_RIGHTS``), waiting while it is full."""
-    while True:
-        try:
-            socket.send_fds(sock, [data], [fd] if fd >= 0 else [])
-            return
-        except BlockingIOError:
-            ready = loop.create_future()
-            loop.add_writer(sock, ready.set_result, None)
-            try:
-                await ready
-            finally:
-                loop.remove_writer(sock)
-
-
-_REPLY_BYTES = 64 << 10  # the most a reply may take (the fork server keeps them under 48 KiB)
-
-
-def _readable_reply(data: bytes) -> dict[str, Any] | None:
-    """A reply as the fork server sends it (a JSON object, whole), or None."""
-    if len(data) > _REPLY_BYTES:
-        return None
-    try:
-        reply = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
-        return None
-    return reply if isinstance(reply, dict) else None
-
-
-class _ForkServerLost(KernelStartError):
-    """The fork server exited, did not answer in time, or answered what cannot be read."""
-
-    def __init__(self, message: str, *, timed_out: bool = False, unreadable: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-        self.unreadable = unreadable
 
 
 class ForkServer:
@@ -475,7 +313,7 @@ class ForkServer:
                     else:
                         await _kill_when_forked(asking)
                     raise
-                except _ForkServerLost as exc:
+                except ForkServerLost as exc:
                     if not new_template:
                         raise
                     raise PreloadError(self._preload_lost(exc, template_timeout)) from exc
@@ -510,7 +348,7 @@ class ForkServer:
                 raise KernelStartError(f"fork server could not load the packages: {reply['error']}")
             self._prepared.add(prepare)
 
-    def _preload_lost(self, exc: _ForkServerLost, timeout: float | None) -> str:
+    def _preload_lost(self, exc: ForkServerLost, timeout: float | None) -> str:
         if exc.timed_out:
             limit = f" ({timeout:g}s)" if timeout is not None else ""
             return f"it did not finish within the kernel start timeout{limit}"
@@ -548,7 +386,7 @@ class ForkServer:
         except TimeoutError:
             if new_template:  # still running the preload: it would answer nobody
                 await self._stop(now=True)
-            raise _ForkServerLost("fork server did not answer in time", timed_out=True) from None
+            raise ForkServerLost("fork server did not answer in time", timed_out=True) from None
         except OSError as exc:  # the socket broke: start afresh next time
             await self._stop()
             raise KernelStartError(f"fork server could not be reached: {exc}") from exc
@@ -559,21 +397,16 @@ class ForkServer:
         """Send ``request`` (with ``fd`` attached) and wait for the reply to it."""
         request_id = request["id"] = next(self._requests)
         loop = asyncio.get_running_loop()
-        # one datagram, compressed: the environment and the sources it may carry outgrew
-        # what a socket buffer takes at its default size (212992 bytes)
-        data = zlib.compress(json.dumps(request).encode(), 1)
-        await _send_with_fd(loop, sock, data, fd)
+        await send_with_fd(loop, sock, encode_request(request), fd)
         while True:
-            remaining = max(0.0, deadline - time.monotonic())
-            # one datagram per reply: a larger one than asked for would come cut
-            data = await asyncio.wait_for(loop.sock_recv(sock, _REPLY_BYTES + 1), remaining)
+            data = await receive(loop, sock, deadline)
             if not data:
                 await self._stop()
-                raise _ForkServerLost("fork server exited")
-            reply = _readable_reply(data)
+                raise ForkServerLost("fork server exited")
+            reply = readable_reply(data)
             if reply is None:  # its state is not known any more: start afresh next time
                 await self._stop(now=True)
-                raise _ForkServerLost("fork server sent an unreadable reply", unreadable=True)
+                raise ForkServerLost("fork server sent an unreadable reply", unreadable=True)
             if reply.get("id") == request_id:
                 return reply
             _kill_orphan(reply)
