@@ -123,7 +123,9 @@ def write_chart(results: dict[str, Any], path: Path) -> None:
     labels, series = _latency_series(worker)
     _grouped(axes["latency"], labels, series)
     axes["latency"].set_ylabel("seconds per cell (p50, whisker to p95)")
-    axes["latency"].set_title("Worker latency by case (raw = same cell on a bare kernel; http = same bytes, no kernel)")
+    axes["latency"].set_title(
+        "Worker latency by case (raw = same cell on a bare kernel; http = same bytes, no kernel)"
+    )
 
     levels = worker.get("throughput") or {}
     tput: dict[str, list[tuple[float, float]]] = {}

@@ -129,7 +129,9 @@ async def _run(
         if only in (None, "worker") and (cases is None or TEMPLATE in cases):
             log.info("template case: the preload in every kernel, then once for forks of it")
             template = TemplatePlan.make(quick=plan.quick)
-            results[TEMPLATE] = await run_template(template, workdir, results_dir / "logs", failures)
+            results[TEMPLATE] = await run_template(
+                template, workdir, results_dir / "logs", failures
+            )
         if only in (None, "worker") and (cases is None or ENVIRONMENTS in cases):
             log.info("environments case: a locked environment, first request and warm cells")
             results[ENVIRONMENTS] = await run_environments(

@@ -328,7 +328,9 @@ def render(results: dict[str, Any]) -> str:
         )
         for role in ROLES:
             libraries = ", ".join(f"{k} {v:.0%}" for k, v in roles[role]["libraries"].items())
-            functions = ", ".join(f"{k} {v:.0%}" for k, v in list(roles[role]["functions"].items())[:3])
+            functions = ", ".join(
+                f"{k} {v:.0%}" for k, v in list(roles[role]["functions"].items())[:3]
+            )
             lines.append(f"  {role:<6} {libraries}")
             lines.append(f"  {'':<6} top: {functions}")
     return "\n".join(lines)

@@ -49,6 +49,7 @@ CLIENT_TIMEOUT_SECONDS = 90.0
 RSS_BOUND_MB = 100.0  # worker RSS growth accepted over a run (after a warm-up)
 FD_SLACK = 8  # open fds of the worker accepted above its warm baseline
 
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
     index: int

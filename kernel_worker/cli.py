@@ -146,8 +146,10 @@ def _settings(
     except ValueError as exc:
         parser.error(str(exc))
     metrics_port = kwargs.get("metrics_port")
-    if metrics_port and metrics_port == kwargs.get("port", DEFAULT_PORT) and not values.get(
-        "connect"
+    if (
+        metrics_port
+        and metrics_port == kwargs.get("port", DEFAULT_PORT)
+        and not values.get("connect")
     ):
         parser.error(f"--metrics-port {metrics_port} is the worker's own --port")
     try:
@@ -245,9 +247,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         raise SystemExit(
             asyncio.run(
-                run_connected(
-                    app, settings.connect, settings.connect_token, settings.drain_seconds
-                )
+                run_connected(app, settings.connect, settings.connect_token, settings.drain_seconds)
             )
         )
     # bound before the pool starts: a port in use fails at once, not after every kernel

@@ -21,7 +21,9 @@ from typing import Any
 import httpx
 
 
-def v1_metadata(source: str, inputs: list[dict[str, Any]] | None = None, **params: Any) -> dict[str, Any]:
+def v1_metadata(
+    source: str, inputs: list[dict[str, Any]] | None = None, **params: Any
+) -> dict[str, Any]:
     return {
         "protocol_version": "v1",
         "transform": {"ref": "notebook_cell@v1", "params": {"source": source, **params}},

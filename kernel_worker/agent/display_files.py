@@ -35,9 +35,7 @@ from typing import Any
 from .archives import size_text
 from .plan import DisplayLimits, RunPlan
 
-__all__ = [
-    "MARKER", "SPILL_BYTES", "base64_bytes", "checked", "install", "note", "over", "reason"
-]
+__all__ = ["MARKER", "SPILL_BYTES", "base64_bytes", "checked", "install", "note", "over", "reason"]
 
 MARKER = "strata_kernel_worker"
 """The metadata key of what this module did to a display (read by the worker)."""

@@ -1,13 +1,13 @@
 """What :mod:`kernel_worker.client.session` raises::
 
-    ClientError
-    ├── WorkerUnreachable     the worker could not be reached, or the connection broke
-    ├── RequestFailed         a non-200 answer: status_code and the worker's detail
-    ├── CellTimeout           408/504, or no answer by the client's own deadline
-    ├── ProtocolError         the answer is not something this protocol allows
-    ├── InputEncodingError    an input value could not be encoded
-    ├── OutputDecodingError   an output was not serialized by the worker, or cannot be decoded
-    └── CellError             CellResult.raise_for_error() on a cell that raised
+ClientError
+├── WorkerUnreachable     the worker could not be reached, or the connection broke
+├── RequestFailed         a non-200 answer: status_code and the worker's detail
+├── CellTimeout           408/504, or no answer by the client's own deadline
+├── ProtocolError         the answer is not something this protocol allows
+├── InputEncodingError    an input value could not be encoded
+├── OutputDecodingError   an output was not serialized by the worker, or cannot be decoded
+└── CellError             CellResult.raise_for_error() on a cell that raised
 """
 
 from __future__ import annotations

@@ -226,9 +226,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         description="The Strata notebook executor protocol v1, served from warm Jupyter kernels.",
         lifespan=lifespan,
     )
-    state.tracing = tracing.from_environ(
-        environ, version=__version__, worker_id=settings.worker_id
-    )
+    state.tracing = tracing.from_environ(environ, version=__version__, worker_id=settings.worker_id)
     app.state.worker = state
     app.state.fleet = fleet
     app.include_router(health_router)

@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
+
 def _state(request: Request) -> WorkerState:
     state: WorkerState = request.app.state.worker
     return state
@@ -61,6 +62,7 @@ async def require_token(request: Request) -> None:
 
 router = APIRouter()
 protected = APIRouter(dependencies=[Depends(require_token)])
+
 
 @protected.post(
     "/v1/execute",

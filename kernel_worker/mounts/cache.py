@@ -101,7 +101,6 @@ def object_key(
     return sha256("\0".join([protocol, scope, name, size, etag, mtime]).encode()).hexdigest()
 
 
-
 class MountCache:
     """Read-only remote mount data under *root*, shared by every run on the machine.
 

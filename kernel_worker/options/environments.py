@@ -113,8 +113,7 @@ OPTIONS: tuple[Option, ...] = (
         "--env-max-disk",
         f"{ENV_PREFIX}ENV_MAX_DISK",
         size,
-        "remove environments used least recently past this many bytes on disk (default: "
-        "keep all)",
+        "remove environments used least recently past this many bytes on disk (default: keep all)",
         default="none (keep all)",
         details=(
             "Opt-in eviction after each new build: environments used least recently are "

@@ -63,9 +63,7 @@ def open_regular(root: Path, parts: Sequence[str]) -> BinaryIO:
     return os.fdopen(fd, "rb")
 
 
-def create(
-    root: Path, parts: Sequence[str], displaced: dict[str, int] | None = None
-) -> BinaryIO:
+def create(root: Path, parts: Sequence[str], displaced: dict[str, int] | None = None) -> BinaryIO:
     """A new file at ``root/<parts…>`` for writing (mode ``0o666`` less the umask).
 
     Whatever held the name (a link, a FIFO, a file, a folder) is moved aside to a hidden

@@ -111,4 +111,3 @@ def check_answers(result: MixResult) -> None:
         kind_statuses = Counter(o.status for o in result.outcomes if o.kind == kind)
         good = kind_statuses[408 if kind == "timeout" else 200]
         assert good >= sum(kind_statuses.values()) / 2, (kind, kind_statuses)
-

@@ -201,9 +201,10 @@ def _load(front: WorkerProcess, back: WorkerProcess, uv: str, py312: Path, tmp: 
     """Work that gives every panel something to show."""
     project = lock_project(tmp / "project", uv, py312, "dashboard", ["idna==3.7"])
     cells = ["x = 1", "raise ValueError('on purpose')", "import numpy as np\nv = np.ones(3)"]
-    with Client(front.url, timeout_seconds=30) as client, concurrent.futures.ThreadPoolExecutor(
-        3
-    ) as pool:
+    with (
+        Client(front.url, timeout_seconds=30) as client,
+        concurrent.futures.ThreadPoolExecutor(3) as pool,
+    ):
         results = list(pool.map(client.run, cells * 2))  # one kernel: most are answered 202
         assert [r.success for r in results] == [True, False, True] * 2
         with pytest.raises(CellTimeout):  # its kernel is retired (reason: timeout)
@@ -264,7 +265,9 @@ def test_every_panel_shows_data_from_a_real_prometheus(
         _until(all_answer, "", seconds=30)  # a rate() needs two scrapes of a new series
     except AssertionError:
         pytest.fail(f"queries that returned no data: {json.dumps(empty, indent=2)}")
-    retired = _query(prometheus, 'sum(strata_kernel_worker_kernel_retirements_total{reason="timeout"})')
+    retired = _query(
+        prometheus, 'sum(strata_kernel_worker_kernel_retirements_total{reason="timeout"})'
+    )
     assert float(retired[0]["value"][1]) >= 1
     workers = _query(prometheus, _queries()[0][1])
     assert float(workers[0]["value"][1]) == 2

@@ -97,7 +97,9 @@ class Fleet:
 
     def tails(self) -> str:
         """The end of every log (for a failure's message)."""
-        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logs)
+        return "\n".join(
+            f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.logs
+        )
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +150,9 @@ def proxy(fleet: Fleet) -> str:
     log = fleet.tmp / "haproxy.log"
     fleet.logs.append(log)
     with open(log, "wb") as out:
-        fleet.haproxy = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=out, stderr=out)
+        fleet.haproxy = subprocess.Popen(
+            [HAPROXY, "-db", "-f", str(config)], stdout=out, stderr=out
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 20
     while True:  # every server up: three /ready in a row through the proxy
@@ -400,6 +404,7 @@ async def _until_queued_on_each(client: httpx.AsyncClient, members: list[Member]
         assert time.monotonic() < deadline, f"no job queued on some worker, only on {seen}"
         await asyncio.sleep(0.05)
 
+
 # --- through HAProxy -----------------------------------------------------------------
 
 
@@ -436,9 +441,7 @@ def test_a_cancel_through_the_proxy_reaches_the_running_cell(fleet: Fleet, proxy
             # asked of each worker directly: the proxy's rotation stays as it is
             await _until_running(client, fleet.members, "fleet-proxied")
             # round robin: the proxy sends this to the worker after the one running the cell
-            cancel = await client.post(
-                proxy + "/v1/executions/fleet-proxied/cancel", headers=AUTH
-            )
+            cancel = await client.post(proxy + "/v1/executions/fleet-proxied/cancel", headers=AUTH)
             return cancel, await running
 
     cancel, running = asyncio.run(scenario())

@@ -190,9 +190,7 @@ def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
-def _execute(
-    nb: nbformat.NotebookNode, tmp: Path
-) -> tuple[CellExecutionError | None, list[int]]:
+def _execute(nb: nbformat.NotebookNode, tmp: Path) -> tuple[CellExecutionError | None, list[int]]:
     """Run *nb* on a fresh ``python3`` kernel; return its error and the processes it leaked.
 
     Its temp files (the worker's log) go to *tmp*, not the machine's temp dir.

@@ -115,7 +115,10 @@ def test_log_levels_are_read_in_any_case() -> None:
 
 def test_help_explains_every_flag() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "kernel_worker", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "kernel_worker", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     for flag in ("--pool-size", "--preload", "--recycle", "--max-uses", "--max-kernel-memory",
                  "--spares", "--gpu-slots", "--timeout-status", "--kernel-name", "--log-level"):  # fmt: skip
@@ -143,8 +146,7 @@ def test_preload_failure_stops_startup_with_its_message(tmp_path: pytest.TempPat
     )
     stderr = _failed_start("--preload", str(preload))
     assert (
-        f"the preload {preload} failed: RuntimeError: weights not found (line 3, in load)"
-        in stderr
+        f"the preload {preload} failed: RuntimeError: weights not found (line 3, in load)" in stderr
     ), stderr
 
 

@@ -709,7 +709,10 @@ def test_polars_frame_and_series_round_trip(tmp_path: Path) -> None:
     meta, loaded = write_and_load(tmp_path, "frame", frame)
     assert meta["content_type"] == "arrow/ipc" and meta["rows"] == 3
     assert meta["columns"] == ["a", "s", "f"]
-    assert stream_schema(tmp_path / str(meta["file"])).metadata[b"strata.arrow.source"] == b"polars.DataFrame"
+    assert (
+        stream_schema(tmp_path / str(meta["file"])).metadata[b"strata.arrow.source"]
+        == b"polars.DataFrame"
+    )
     assert isinstance(loaded, pl.DataFrame) and loaded.equals(frame)
     series = pl.Series("n", [1.0, 2.0])
     _, loaded_series = write_and_load(tmp_path, "series", series)

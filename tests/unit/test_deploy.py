@@ -35,7 +35,11 @@ def test_dockerfile() -> None:
     user = next(line.split()[1] for line in lines if line.startswith("USER"))
     assert user != "root"
     entry = next(line for line in lines if line.startswith("ENTRYPOINT"))
-    assert yaml.safe_load(entry.removeprefix("ENTRYPOINT ")) == ["tini", "--", "strata-kernel-worker"]
+    assert yaml.safe_load(entry.removeprefix("ENTRYPOINT ")) == [
+        "tini",
+        "--",
+        "strata-kernel-worker",
+    ]
     assert "install -y --no-install-recommends tini" in "\n".join(lines)  # PID 1 reaps
     cmd = next(line for line in lines if line.startswith("CMD"))
     _flags_are_known(yaml.safe_load(cmd.removeprefix("CMD ")))

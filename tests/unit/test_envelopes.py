@@ -214,7 +214,9 @@ def test_null_is_a_field_left_out() -> None:
     flat_one = parse_flat(flat(source=None, inputs={"x": {"content_type": None}}))
     assert flat_one.source == "" and flat_one.inputs[0].content_type == "pickle/object"
     assert parse_flat(flat(inputs=None)).inputs == ()
-    (mount,) = parse_v1(v1(params={"mounts": [{"name": "d", "uri": "s3://b/p", "mode": None}]})).mounts
+    (mount,) = parse_v1(
+        v1(params={"mounts": [{"name": "d", "uri": "s3://b/p", "mode": None}]})
+    ).mounts
     assert mount.mode == "ro"
 
 
@@ -571,7 +573,9 @@ def test_r_is_a_language() -> None:  # whether this worker can run it is the ser
     assert parse_v1(v1(params={})).language == "python"
 
 
-@pytest.mark.parametrize(("language", "shown"), [(5, "a number"), (False, "a boolean"), ([], "a list")])
+@pytest.mark.parametrize(
+    ("language", "shown"), [(5, "a number"), (False, "a boolean"), ([], "a list")]
+)
 def test_language_must_be_a_string(language: Any, shown: str) -> None:
     assert v1_detail(v1(params={"language": language})) == f"language must be a string, not {shown}"
     assert parse_v1(v1(params={"language": ""})).language == "python"  # the reference's default
@@ -583,11 +587,19 @@ def test_language_must_be_a_string(language: Any, shown: str) -> None:
         ({"lock": "x"}, "environment.key must be a sha256 hex digest"),
         ([], "environment must be an object"),
         ({}, "environment.key must be a sha256 hex digest"),
-        ({"key": "a" * 64, "lockfile": "", "pyproject": ""}, "environment.lockfile does not match environment.key"),
-        ({"key": "a" * 64, "lockfile": 1, "pyproject": ""}, "environment needs lockfile and pyproject text"),
+        (
+            {"key": "a" * 64, "lockfile": "", "pyproject": ""},
+            "environment.lockfile does not match environment.key",
+        ),
+        (
+            {"key": "a" * 64, "lockfile": 1, "pyproject": ""},
+            "environment needs lockfile and pyproject text",
+        ),
     ],
 )
-def test_a_malformed_locked_environment_is_the_references_500(environment: Any, message: str) -> None:
+def test_a_malformed_locked_environment_is_the_references_500(
+    environment: Any, message: str
+) -> None:
     with pytest.raises(EnvironmentFailed) as raised:
         parse_v1(v1(params={"environment": environment}))
     assert raised.value.detail == f"locked environment: {message}"
@@ -596,7 +608,12 @@ def test_a_malformed_locked_environment_is_the_references_500(environment: Any, 
 
 def test_a_locked_environment_is_parsed_with_its_key_checked() -> None:
     lockfile = 'version = 1\nrequires-python = ">=3.12"\n'
-    raw = {"key": lock_key(lockfile), "python": "3.12", "lockfile": lockfile, "pyproject": "[project]"}
+    raw = {
+        "key": lock_key(lockfile),
+        "python": "3.12",
+        "lockfile": lockfile,
+        "pyproject": "[project]",
+    }
     cell = parse_v1(v1(params={"environment": raw}))
     assert cell.environment is not None and cell.environment.key == raw["key"]
     assert cell.environment.python == "3.12"

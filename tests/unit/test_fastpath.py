@@ -97,9 +97,7 @@ async def test_a_worker_error_becomes_its_json_answer(fast: FastPath) -> None:
     assert response.json() == {"detail": "metadata part is missing"}
 
 
-async def test_paths_are_matched_below_the_mount_point(
-    fast: FastPath, recorder: Recorder
-) -> None:
+async def test_paths_are_matched_below_the_mount_point(fast: FastPath, recorder: Recorder) -> None:
     async with client(fast, root_path="/worker") as http:
         response = await http.post("/worker/v1/execute", content=b"ab")
     assert response.text == "fast 2"

@@ -335,7 +335,10 @@ def test_markdown_only_ever_holds_its_text(client: httpx.Client, tmp_path: Any) 
     )
     bundle = run_ok(client, source)
     assert bundle.variables["seen"]["preview"] == [
-        "note.md", "note.md", "Markdown(text='note.md')", True
+        "note.md",
+        "note.md",
+        "Markdown(text='note.md')",
+        True,
     ]
     texts = [d.get("markdown_text") for d in bundle.manifest["displays"]]
     assert texts == ["http://127.0.0.1:9/never-fetched", "note.md"]
@@ -468,7 +471,9 @@ def test_there_is_no_store_to_pass_values_to_a_later_request(client: httpx.Clien
     assert bundle.manifest["success"] is False and "store" in bundle.manifest["error"]
 
 
-def test_a_figure_output_is_pickled_still_open_in_pyplot(client: httpx.Client, tmp_path: Any) -> None:
+def test_a_figure_output_is_pickled_still_open_in_pyplot(
+    client: httpx.Client, tmp_path: Any
+) -> None:
     """As from the reference's cell process (figures stay open): read back with pyplot's Agg
     canvas and known to a later ``plt.show()``. The inline backend used to close every
     figure before the outputs were serialized."""
@@ -557,5 +562,3 @@ def test_what_rich_prints_is_stdout_text_not_a_display(client: httpx.Client) -> 
     assert bundle.stdout() == in_a_process.stdout
     assert bundle.stderr() == in_a_process.stderr == ""
     assert bundle.manifest["displays"] == [] and "_" not in bundle.variables
-
-

@@ -202,7 +202,9 @@ def test_a_token_hint_names_the_variable(token_worker: WorkerProcess) -> None:
     assert "set STRATA_WORKER_TOKEN" in proc.stderr, proc.stderr
     wrong = _cli("-", "--url", token_worker.url, stdin="x = 1", STRATA_WORKER_TOKEN="nope")
     assert wrong.returncode == 3 and "STRATA_WORKER_TOKEN" in wrong.stderr, wrong.stderr
-    right = _cli("-", "--url", token_worker.url, stdin="x = 1", STRATA_WORKER_TOKEN="progress-token")
+    right = _cli(
+        "-", "--url", token_worker.url, stdin="x = 1", STRATA_WORKER_TOKEN="progress-token"
+    )
     assert right.returncode == 0, right.stderr
 
 
@@ -223,9 +225,7 @@ def test_the_console_route_of_a_running_cell(single: WorkerProcess, tmp_path: Pa
                 threading.Event().wait(0.05)
             assert body["state"] == "running" and body["elapsed_seconds"] >= 0
             assert body["stdout"] == {"text": "tick\n", "start": 0, "end": 5}
-            later = http.get(
-                "/v1/executions/watched-build/console", params={"stdout": 5}
-            ).json()
+            later = http.get("/v1/executions/watched-build/console", params={"stdout": 5}).json()
             assert later["stdout"] == {"text": "", "start": 5, "end": 5}
         finally:
             release.touch()

@@ -198,7 +198,10 @@ def test_the_reference_answers_as_recorded(reference: str, name: str) -> None:
 # ---- the property: whole envelopes, fields of every JSON type ------------------------------------
 
 scalars = (
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.text(max_size=8)
     | st.floats(allow_nan=False, allow_infinity=False)
 )  # JSON has no NaN or Infinity
 json_values = st.recursive(
@@ -284,7 +287,9 @@ VALID: dict[str, st.SearchStrategy[Any]] = {
     "tables": st.dictionaries(st.sampled_from(["tab_a", "tab_b"]), table, max_size=2),
     "language": st.sampled_from(["python", ""]),
 }  # fmt: skip
-UNKNOWN = st.dictionaries(st.sampled_from(["outputs", "tenant", "origin", "future_field"]), json_values, max_size=2)
+UNKNOWN = st.dictionaries(
+    st.sampled_from(["outputs", "tenant", "origin", "future_field"]), json_values, max_size=2
+)
 
 
 def field_value(name: str, *, clean: bool) -> st.SearchStrategy[Any]:

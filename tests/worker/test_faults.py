@@ -90,7 +90,9 @@ def test_kernel_killed_from_outside(c: httpx.Client, faulty: WorkerProcess) -> N
 
     result: dict[str, httpx.Response] = {}
     before = kernel_pids(faulty)
-    thread = threading.Thread(target=lambda: result.update(r=execute(c, "import time\ntime.sleep(30)")))
+    thread = threading.Thread(
+        target=lambda: result.update(r=execute(c, "import time\ntime.sleep(30)"))
+    )
     thread.start()
     deadline = time.monotonic() + 10
     while c.get("/health").json()["pool"]["kernels"]["busy"] < 1:
@@ -177,7 +179,10 @@ def test_cells_that_raise_unusual_exceptions(c: httpx.Client, source: str, error
 
 def test_huge_stdout_is_capped_and_marked(c: httpx.Client, faulty: WorkerProcess) -> None:
     rss_before = psutil.Process(faulty.proc.pid).memory_info().rss
-    bundle = run_ok(c, "import sys\nchunk = 'x' * 1_000_000 + '\\n'\nfor _ in range(100):\n    sys.stdout.write(chunk)\ndel chunk")
+    bundle = run_ok(
+        c,
+        "import sys\nchunk = 'x' * 1_000_000 + '\\n'\nfor _ in range(100):\n    sys.stdout.write(chunk)\ndel chunk",
+    )
     out = bundle.stdout()
     assert len(out) < 1_100_000
     assert "output truncated" in out
@@ -201,7 +206,14 @@ def test_cells_that_change_the_interpreter(c: httpx.Client) -> None:
             "         hasattr(builtins, 'polluted'), json.dumps({'a': 1}), pickle.dumps is None,\n"
             "         csv is None]\n"
         ))  # fmt: skip
-        assert bundle.variables["state"]["preview"] == [None, False, False, '{"a": 1}', False, False]
+        assert bundle.variables["state"]["preview"] == [
+            None,
+            False,
+            False,
+            '{"a": 1}',
+            False,
+            False,
+        ]
 
 
 def test_cell_that_deletes_or_replaces_the_preloaded_object(c: httpx.Client) -> None:

@@ -136,9 +136,7 @@ def test_idle_files_are_released_and_close_removes_the_folder(where: Path) -> No
 
 
 @pytest.mark.parametrize("how", ["mapped", "open"])
-def test_a_file_another_process_still_maps_or_holds_open_is_not_kept(
-    where: Path, how: str
-) -> None:
+def test_a_file_another_process_still_maps_or_holds_open_is_not_kept(where: Path, how: str) -> None:
     path = _file(where / "held", 2 * MB)
     hold = {
         # an mmap outlives its descriptor: a kept Arrow buffer over an input file
@@ -376,7 +374,9 @@ def test_an_input_a_cell_still_maps_is_never_written_over(reuse_worker: WorkerPr
     assert bundle.variables["old"]["preview"] == hashlib.sha256(first).hexdigest()
 
 
-def test_a_worker_with_file_reuse_off_keeps_nothing(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_worker_with_file_reuse_off_keeps_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
     worker = start_worker(tmp_path_factory, "--pool-size", "1", "--file-reuse-bytes", "0")
     try:
         with httpx.Client(base_url=worker.url, timeout=60) as client:

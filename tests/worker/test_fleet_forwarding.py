@@ -148,9 +148,7 @@ def peer() -> Iterator[FakePeer]:
 
 
 @pytest.fixture(scope="module")
-def forwarding(
-    tmp_path_factory: pytest.TempPathFactory, peer: FakePeer
-) -> Iterator[WorkerProcess]:
+def forwarding(tmp_path_factory: pytest.TempPathFactory, peer: FakePeer) -> Iterator[WorkerProcess]:
     """A worker whose one peer is the fake one."""
     worker = start_worker(
         tmp_path_factory, "--pool-size", "1", "--worker-id", "w0", "--peers", peer.url,
@@ -348,4 +346,3 @@ async def test_a_cancelled_cancel_stops_its_forwarded_requests(peer: FakePeer) -
         assert closed, "the forwarded cancel still runs after its cancel() was cancelled"
     finally:
         await fleet.aclose()
-

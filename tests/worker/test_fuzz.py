@@ -126,7 +126,11 @@ def tree(root: Path) -> set[str]:
     found: set[str] = set()
     for folder, dirs, files in os.walk(root):
         rel = Path(folder).relative_to(root)
-        if rel.parts[:1] == ("tmp",) and len(rel.parts) > 1 and rel.parts[1].startswith("kernel-pool-"):
+        if (
+            rel.parts[:1] == ("tmp",)
+            and len(rel.parts) > 1
+            and rel.parts[1].startswith("kernel-pool-")
+        ):
             dirs.clear()
             continue
         found.update(str(rel / name) for name in [*dirs, *files])
@@ -150,7 +154,10 @@ def assert_refused(response: httpx.Response, status: int | None = 400) -> str:
 
 def file_part(field: str, data: bytes, filename: str = f"../../{CANARY}") -> tuple[bytes, bytes]:
     disposition = f'form-data; name="{field}"; filename="{filename}"'
-    return (f"Content-Disposition: {disposition}\r\nContent-Type: application/octet-stream".encode(), data)
+    return (
+        f"Content-Disposition: {disposition}\r\nContent-Type: application/octet-stream".encode(),
+        data,
+    )
 
 
 def encode(parts: list[tuple[bytes, bytes]], boundary: bytes) -> bytes:
@@ -167,7 +174,9 @@ def post_form(client: httpx.Client, route: str, parts: list[tuple[bytes, bytes]]
 
 
 def post_metadata(client: httpx.Client, route: str, metadata: bytes) -> httpx.Response:
-    return post_form(client, route, [file_part("metadata", metadata), file_part("cfg.json", JSON_PART)])
+    return post_form(
+        client, route, [file_part("metadata", metadata), file_part("cfg.json", JSON_PART)]
+    )
 
 
 def dumps(value: object) -> bytes:
@@ -286,7 +295,20 @@ def refused_file(file: str) -> bool:
 
 bad_files = path_like.filter(refused_file)
 bad_names = st.sampled_from(
-    ["", "   ", "1abc", "a-b", "a b", "class", "None", f"../{CANARY}", "a.b", "é-x", "\x00", "x\u200b"]
+    [
+        "",
+        "   ",
+        "1abc",
+        "a-b",
+        "a b",
+        "class",
+        "None",
+        f"../{CANARY}",
+        "a.b",
+        "é-x",
+        "\x00",
+        "x\u200b",
+    ]
 ) | st.text(max_size=10).filter(lambda s: not is_name(s.strip()))
 bad_timeouts = st.one_of(
     st.floats(max_value=-1e-300) | st.integers(max_value=-1),
@@ -318,7 +340,9 @@ bad_mount = st.one_of(
     st.fixed_dictionaries({"name": st.just("m"), "uri": st.just(S3), "credential": not_string.filter(lambda v: v is not None)}),
 )  # fmt: skip
 bad_mounts = not_object_or_null.filter(lambda v: not isinstance(v, list)) | st.lists(bad_mount, min_size=1, max_size=3) | st.just([{"name": "m", "uri": S3}] * 2)  # fmt: skip
-unknown_formats = st.text(max_size=15).filter(lambda f: f not in FORMATS) | not_string.filter(lambda v: v is not None)
+unknown_formats = st.text(max_size=15).filter(lambda f: f not in FORMATS) | not_string.filter(
+    lambda v: v is not None
+)
 
 
 def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
@@ -327,29 +351,90 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
     inputs_type = list if v1 else dict
     common = [
         # null is left out: the default on the v1 route, refused where the field is required
-        st.builds(set_top, st.just("protocol_version"), json_values.filter(lambda v: v != ("v1" if v1 else "notebook-cell-v1") and (v is not None or not v1))),
-        st.builds(set_top, st.just("inputs"), json_values.filter(lambda v: not isinstance(v, inputs_type))),
+        st.builds(
+            set_top,
+            st.just("protocol_version"),
+            json_values.filter(
+                lambda v: v != ("v1" if v1 else "notebook-cell-v1") and (v is not None or not v1)
+            ),
+        ),
+        st.builds(
+            set_top, st.just("inputs"), json_values.filter(lambda v: not isinstance(v, inputs_type))
+        ),
         st.builds(set_top, st.just("build_id"), not_string.filter(lambda v: v is not None)),
         st.builds(set_param, st.just("source"), not_string.filter(lambda v: v is not None)),
         st.builds(set_param, st.just("source"), st.sampled_from(["\ud800", "x = '\udfff'"])),
         st.builds(set_param, st.just("timeout_seconds"), bad_timeouts),
         st.builds(set_param, st.just("env"), bad_env),
         st.builds(set_param, st.just("mounts"), bad_mounts),
-        st.builds(set_param, st.just("mutation_defines"), not_object_or_null.filter(lambda v: not (isinstance(v, list) and all(isinstance(x, str) for x in v)))),
-        st.builds(set_param, st.just("tables"), not_object_or_null | st.dictionaries(st.text(max_size=4), json_values.filter(lambda v: not (isinstance(v, dict) and isinstance(v.get("uri"), str))), min_size=1)),
-        st.builds(set_param, st.just("language"), st.sampled_from(["r", "R", "julia", "Python", 1, True, False, 0, [], ["python"]])),
+        st.builds(
+            set_param,
+            st.just("mutation_defines"),
+            not_object_or_null.filter(
+                lambda v: not (isinstance(v, list) and all(isinstance(x, str) for x in v))
+            ),
+        ),
+        st.builds(
+            set_param,
+            st.just("tables"),
+            not_object_or_null
+            | st.dictionaries(
+                st.text(max_size=4),
+                json_values.filter(
+                    lambda v: not (isinstance(v, dict) and isinstance(v.get("uri"), str))
+                ),
+                min_size=1,
+            ),
+        ),
+        st.builds(
+            set_param,
+            st.just("language"),
+            st.sampled_from(["r", "R", "julia", "Python", 1, True, False, 0, [], ["python"]]),
+        ),
         st.builds(set_input, st.just("name"), bad_names),
         st.builds(set_input, st.just("content_type"), unknown_formats),
-        st.builds(set_input, st.just("file"), bad_files | not_string.filter(lambda v: v is not None)),
-        st.builds(set_input, st.just("injected"), json_values.filter(lambda v: v is not None and v != {})),
-        st.builds(add_input, st.fixed_dictionaries({"name": st.just("other"), "format": st.just("json/object"), "file": st.just("cfg.json")})),
-        st.builds(add_input, st.fixed_dictionaries({"name": st.just("missing"), "format": st.sampled_from(sorted(FORMATS))})),
-        st.builds(add_input, st.fixed_dictionaries({"name": st.just("cell"), "format": st.just("module/cell"), "injected": not_object_or_null})),
+        st.builds(
+            set_input, st.just("file"), bad_files | not_string.filter(lambda v: v is not None)
+        ),
+        st.builds(
+            set_input, st.just("injected"), json_values.filter(lambda v: v is not None and v != {})
+        ),
+        st.builds(
+            add_input,
+            st.fixed_dictionaries(
+                {
+                    "name": st.just("other"),
+                    "format": st.just("json/object"),
+                    "file": st.just("cfg.json"),
+                }
+            ),
+        ),
+        st.builds(
+            add_input,
+            st.fixed_dictionaries(
+                {"name": st.just("missing"), "format": st.sampled_from(sorted(FORMATS))}
+            ),
+        ),
+        st.builds(
+            add_input,
+            st.fixed_dictionaries(
+                {
+                    "name": st.just("cell"),
+                    "format": st.just("module/cell"),
+                    "injected": not_object_or_null,
+                }
+            ),
+        ),
     ]
     only_v1 = [
         st.sampled_from([drop("transform"), drop("transform", "ref"), drop("inputs", 0, "name")]),
-        st.builds(set_top, st.just("transform"), json_values.filter(lambda v: not isinstance(v, dict))),
-        st.builds(add_input, st.fixed_dictionaries({"name": st.just("cfg"), "format": st.just("json/object")})),
+        st.builds(
+            set_top, st.just("transform"), json_values.filter(lambda v: not isinstance(v, dict))
+        ),
+        st.builds(
+            add_input,
+            st.fixed_dictionaries({"name": st.just("cfg"), "format": st.just("json/object")}),
+        ),
         st.builds(set_top, st.just("inputs"), st.lists(not_object_or_null, min_size=1, max_size=2)),
     ]
     only_flat = [st.just(drop("protocol_version"))]
@@ -376,7 +461,9 @@ def test_the_unmutated_envelopes_run(client: httpx.Client, route: str) -> None:
 @pytest.mark.parametrize("route", ROUTES)
 @FUZZ
 @given(data=st.data())
-def test_invalid_envelope_fields_are_400(client: httpx.Client, route: str, data: st.DataObject) -> None:
+def test_invalid_envelope_fields_are_400(
+    client: httpx.Client, route: str, data: st.DataObject
+) -> None:
     mutation = data.draw(invalid_mutations(route))
     assert_refused(post_metadata(client, route, mutate(route, mutation)))
 
@@ -403,7 +490,9 @@ def test_a_malformed_locked_environment_is_the_references_500(
     st.builds(dumps, not_object_or_null),
     st.builds(lambda v: dumps(v)[:-1], json_values.filter(lambda v: isinstance(v, dict | list))),
 ))  # fmt: skip
-def test_metadata_that_is_not_a_json_object_is_400(client: httpx.Client, route: str, metadata: bytes) -> None:
+def test_metadata_that_is_not_a_json_object_is_400(
+    client: httpx.Client, route: str, metadata: bytes
+) -> None:
     try:
         if isinstance(json.loads(metadata), dict):
             return  # st.binary drew a JSON object: not this property's case
@@ -425,7 +514,9 @@ def paths(value: object, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ..
 @pytest.mark.parametrize("route", ROUTES)
 @FUZZ
 @given(data=st.data())
-def test_arbitrary_values_anywhere_never_5xx(client: httpx.Client, route: str, data: st.DataObject) -> None:
+def test_arbitrary_values_anywhere_never_5xx(
+    client: httpx.Client, route: str, data: st.DataObject
+) -> None:
     """Any JSON at any place (the source only as a non-string): a 4xx, or a real bundle."""
     meta = base(route)
     huge = st.sampled_from([1e308, 10**308, 2**63, 5e-324, 0, "1e308", " 7 "])
@@ -524,9 +615,15 @@ framing_cases = st.one_of(
 
 @FUZZ
 @given(case=framing_cases)
-def test_malformed_multipart_framing_is_400(client: httpx.Client, case: tuple[str, str | None, bytes]) -> None:
+def test_malformed_multipart_framing_is_400(
+    client: httpx.Client, case: tuple[str, str | None, bytes]
+) -> None:
     _what, content_type, body = case
-    headers = {"content-type": content_type if content_type is not None else "multipart/form-data; boundary=fz"}
+    headers = {
+        "content-type": content_type
+        if content_type is not None
+        else "multipart/form-data; boundary=fz"
+    }
     assert_refused(client.post("/v1/execute", content=body, headers=headers))
 
 
@@ -605,7 +702,10 @@ URL_SLOTS = {
     "output.url": ("Manifest output.url", lambda m, u: m["output"].__setitem__("url", u)),
     "finalize_url": ("Manifest finalize_url", lambda m, u: m.__setitem__("finalize_url", u)),
     "log_url": ("Manifest log_url", lambda m, u: m.__setitem__("log_url", u)),
-    "output_file_url": ("Manifest output_file_url", lambda m, u: m.__setitem__("output_file_url", u)),
+    "output_file_url": (
+        "Manifest output_file_url",
+        lambda m, u: m.__setitem__("output_file_url", u),
+    ),
 }
 
 
@@ -626,7 +726,9 @@ def test_ssrf_every_url_slot_refuses_local_and_odd_urls(
 
 # Python < 3.11.10 / 3.12.4 counts most of 192.0.0.0/24 (IETF protocol assignments, not
 # globally reachable) as global: the URL check must not trust that table alone.
-@pytest.mark.parametrize("address", ["192.0.0.8", "192.0.0.100", "192.0.0.255", "[::ffff:192.0.0.8]"])
+@pytest.mark.parametrize(
+    "address", ["192.0.0.8", "192.0.0.100", "192.0.0.255", "[::ffff:192.0.0.8]"]
+)
 def test_ietf_protocol_assignment_addresses_are_refused(client: httpx.Client, address: str) -> None:
     manifest = valid_manifest()
     manifest["finalize_url"] = f"http://{address}/finalize/k"
@@ -639,7 +741,9 @@ def test_ietf_protocol_assignment_addresses_are_refused(client: httpx.Client, ad
 def test_url_with_an_out_of_range_port_is_400(client: httpx.Client, slot: str, port: str) -> None:
     manifest = valid_manifest()
     URL_SLOTS[slot][1](manifest, f"http://{ALLOWED_HOST}:{port}/x")
-    assert URL_SLOTS[slot][0] in assert_refused(client.post("/v1/execute-manifest", content=dumps(manifest)))
+    assert URL_SLOTS[slot][0] in assert_refused(
+        client.post("/v1/execute-manifest", content=dumps(manifest))
+    )
 
 
 @FUZZ
@@ -664,7 +768,9 @@ def test_random_manifests_are_refused_and_nothing_is_fetched(
             parent[last] = data.draw(json_values | url)
     body = data.draw(st.sampled_from(["json", "raw"]))
     content = dumps(manifest) if body == "json" else data.draw(st.binary(max_size=200))
-    headers = data.draw(st.sampled_from([{}, {"content-type": "application/json"}, {"content-type": "text/plain"}]))
+    headers = data.draw(
+        st.sampled_from([{}, {"content-type": "application/json"}, {"content-type": "text/plain"}])
+    )
     route = data.draw(st.sampled_from(["/v1/execute-manifest", "/execute"]))
     assert_refused(client.post(route, content=content, headers=headers), status=None)
 
@@ -723,14 +829,18 @@ MALFORMED_DATA = [
 
 
 @pytest.mark.parametrize(("fmt", "data", "error"), MALFORMED_DATA, ids=lambda v: str(v)[:30])
-def test_malformed_data_is_a_clear_cell_error(client: httpx.Client, fmt: str, data: bytes, error: str) -> None:
+def test_malformed_data_is_a_clear_cell_error(
+    client: httpx.Client, fmt: str, data: bytes, error: str
+) -> None:
     metadata = dumps({
         "protocol_version": "v1",
         "transform": {"ref": "notebook_cell@v1", "params": {"source": "y = 1", "timeout_seconds": 20}},
         "inputs": [{"name": "value", "format": fmt, "file": "value.bin"}],
     })  # fmt: skip
     started = time.monotonic()
-    response = post_form(client, "/v1/execute", [file_part("metadata", metadata), file_part("value.bin", data)])
+    response = post_form(
+        client, "/v1/execute", [file_part("metadata", metadata), file_part("value.bin", data)]
+    )
     assert time.monotonic() - started < 20, "malformed data took too long"
     manifest = read_bundle(response).manifest
     assert manifest["success"] is False, manifest
@@ -741,6 +851,7 @@ def test_malformed_data_is_a_clear_cell_error(client: httpx.Client, fmt: str, da
 
 
 # ---- schemathesis: what the OpenAPI schema describes --------------------------------------------
+
 
 # schemathesis's pytest integration (from_fixture) does not run under pytest 9, so its
 # strategies are driven by hypothesis directly, one property over every operation.

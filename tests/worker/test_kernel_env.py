@@ -81,7 +81,7 @@ SEEN = (
     "has_path = bool(os.environ.get('PATH'))\n"
     "import subprocess, sys\n"
     "child = subprocess.run([sys.executable, '-c', "
-    "'import os; print(os.environ.get(\"SECRET_THING\"), os.environ.get(\"KEEP_ME\"))'], "
+    '\'import os; print(os.environ.get("SECRET_THING"), os.environ.get("KEEP_ME"))\'], '
     "capture_output=True, text=True).stdout.strip()"
 )
 
@@ -96,9 +96,7 @@ def test_kernels_of_a_worker_with_an_allowlist_see_only_what_it_lets_through(
         "SECRET_THING": "do-not-show",
         "STRATA_NOTEBOOK_HARNESS_ENV_ALLOWLIST": '["KEEP_ME", "MY_APP_*", "MPLBACKEND"]',
     }
-    worker = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--kernel-start", start, env=env
-    )
+    worker = start_worker(tmp_path_factory, "--pool-size", "1", "--kernel-start", start, env=env)
     try:
         with httpx.Client(base_url=worker.url, timeout=60) as client:
             bundle = run_ok(client, SEEN, env={"FROM_REQUEST": "yes"})

@@ -129,7 +129,6 @@ def test_kernels_cannot_read_each_other(confined: WorkerProcess) -> None:
     assert bundle.variables["results"]["preview"] == ["denied"]
 
 
-
 # -- the run directory is the cell's: links and FIFOs it plants there are never followed ------
 
 
@@ -189,10 +188,7 @@ def test_a_report_the_cell_linked_to_a_root_only_file_is_not_read(
 def test_an_output_folder_the_cell_swapped_for_a_link_lists_nothing(
     confined: WorkerProcess, root_only: str
 ) -> None:
-    source = (
-        "# @output_dir plots\n"
-        f"import os\nos.rmdir(plots)\nos.symlink({root_only!r}, plots)\n"
-    )
+    source = f"# @output_dir plots\nimport os\nos.rmdir(plots)\nos.symlink({root_only!r}, plots)\n"
     response = _answer(confined, source)
     assert "secret" not in response.text
     assert read_bundle(response).manifest["output_dirs"] == {"plots": {}}

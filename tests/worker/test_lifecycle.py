@@ -28,9 +28,10 @@ def test_sigterm_drains_in_flight_work_then_exits_cleanly(
     w = start_worker(tmp_path_factory, "--pool-size", "2", "--drain-seconds", "20")
     try:
         kernels = w.remember_kernels()
-        with httpx.Client(base_url=w.url, timeout=60) as slow, httpx.Client(
-            base_url=w.url, timeout=60
-        ) as fresh:
+        with (
+            httpx.Client(base_url=w.url, timeout=60) as slow,
+            httpx.Client(base_url=w.url, timeout=60) as fresh,
+        ):
             running = Background(slow, "import time\ntime.sleep(2)\ndone = 1")
             wait_active(fresh)
             w.proc.send_signal(signal.SIGTERM)
@@ -93,14 +94,21 @@ def test_what_outlasts_the_drain_is_cancelled_and_the_worker_exits(
     """At the drain's deadline, or at a second signal (SIGTERM or SIGINT), what still runs is
     cancelled; the pool is still shut down (a second SIGINT used to skip that)."""
     w = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--drain-seconds", drain, "--log-level", "info",
+        tmp_path_factory,
+        "--pool-size",
+        "1",
+        "--drain-seconds",
+        drain,
+        "--log-level",
+        "info",
         capture_logs=True,
     )
     try:
         kernels = w.remember_kernels()
-        with httpx.Client(base_url=w.url, timeout=90) as slow, httpx.Client(
-            base_url=w.url, timeout=10
-        ) as probe:
+        with (
+            httpx.Client(base_url=w.url, timeout=90) as slow,
+            httpx.Client(base_url=w.url, timeout=10) as probe,
+        ):
             running = Background(slow, "import time\ntime.sleep(60)", timeout_seconds=100)
             wait_active(probe)
             signalled = time.monotonic()
@@ -278,8 +286,8 @@ def test_clients_that_stall_do_not_hold_the_stop(tmp_path_factory: pytest.TempPa
         kernels = w.remember_kernels()
         meta = json.dumps(v1_metadata("import sys\nsys.stdout.write('x' * 40_000_000)")).encode()
         body = (
-            b"--b0undary\r\nContent-Disposition: form-data; name=\"metadata\"; "
-            b"filename=\"metadata.json\"\r\n\r\n" + meta + b"\r\n--b0undary--\r\n"
+            b'--b0undary\r\nContent-Disposition: form-data; name="metadata"; '
+            b'filename="metadata.json"\r\n\r\n' + meta + b"\r\n--b0undary--\r\n"
         )
         not_reading = _upload_start(w.port, body, len(body))
         not_reading.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
@@ -308,9 +316,9 @@ def test_an_upload_that_stops_sending_is_answered_408_and_discarded(
         blob = {"name": "blob", "format": "json/object", "file": "blob"}
         meta = json.dumps(v1_metadata("n = len(blob)", [blob])).encode()
         part = (
-            b"--b0undary\r\nContent-Disposition: form-data; name=\"metadata\"; "
-            b"filename=\"metadata.json\"\r\n\r\n" + meta + b"\r\n"
-            b"--b0undary\r\nContent-Disposition: form-data; name=\"blob\"; filename=\"blob\"\r\n\r\n"
+            b'--b0undary\r\nContent-Disposition: form-data; name="metadata"; '
+            b'filename="metadata.json"\r\n\r\n' + meta + b"\r\n"
+            b'--b0undary\r\nContent-Disposition: form-data; name="blob"; filename="blob"\r\n\r\n'
         )
         started = time.monotonic()
         with _upload_start(w.port, part + b"x" * 1000, len(part) + 1_000_000) as stalled:
@@ -347,7 +355,7 @@ def test_a_client_gone_mid_upload_is_no_error_in_the_log(
     w = start_worker(tmp_path_factory, "--pool-size", "1", capture_logs=True)
     try:
         part = (
-            b"--b0undary\r\nContent-Disposition: form-data; name=\"blob\"; filename=\"blob\""
+            b'--b0undary\r\nContent-Disposition: form-data; name="blob"; filename="blob"'
             b"\r\n\r\n" + b"x" * 100_000
         )
         with _upload_start(w.port, part, 10_000_000):

@@ -101,7 +101,7 @@ def test_past_the_connection_cap_the_idlest_are_closed(worker: WorkerProcess) ->
                 assert _scrape(worker).status_code == 200
         # the older ones were closed at once (long before the header timeout), answered nothing
         started = time.monotonic()
-        received = read_until_closed(silent[: -MAX_CONNECTIONS], HEADER_SECONDS - 1)
+        received = read_until_closed(silent[:-MAX_CONNECTIONS], HEADER_SECONDS - 1)
         assert time.monotonic() - started < HEADER_SECONDS - 1
         assert all(data == b"" for data in received.values())
         assert still_open(silent[-1])

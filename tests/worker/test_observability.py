@@ -54,7 +54,7 @@ def test_metrics_are_token_gated_and_count_executions(observed: WorkerProcess) -
             assert time.monotonic() < deadline, after
             time.sleep(0.05)
     assert _metric(after, "strata_kernel_worker_reset_seconds_count") >= 2
-    assert "strata_kernel_worker_kernels{state=\"idle\"}" in after or "state=\"resetting\"" in after
+    assert 'strata_kernel_worker_kernels{state="idle"}' in after or 'state="resetting"' in after
     name = 'strata_kernel_worker_execution_seconds_count{outcome="success"}'
     assert _metric(after, name) == _metric(before, name) + 1
     name = 'strata_kernel_worker_execution_seconds_count{outcome="cell_error"}'
@@ -95,7 +95,9 @@ def test_what_a_cells_processes_print_reaches_the_cell_and_not_the_log(
         "               stdout=sys.stdout, check=True)\n"
         "os.write(sys.stderr.fileno(), b'fd-err-marker\\n')\n"
     )
-    with httpx.Client(base_url=observed.url, timeout=60, headers={"Authorization": "Bearer tok"}) as c:
+    with httpx.Client(
+        base_url=observed.url, timeout=60, headers={"Authorization": "Bearer tok"}
+    ) as c:
         bundle = run_ok(c, source)
         run_ok(c, "x = 1")  # the kernel's pipe readers have long passed everything on
     assert "fd-out-marker" in bundle.stdout() and "child-marker" in bundle.stdout()

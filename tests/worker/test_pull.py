@@ -554,7 +554,10 @@ def test_output_dir_files_stream_to_output_file_url(
     body = manifest(store, key, source, output_file_url=f"{store.url}/output-file/{key}?sig=2")
     response = client.post("/v1/execute-manifest", json=body)
     assert response.status_code == 200, response.text
-    assert store.output_files[key] == {("plots", "a.txt"): b"alpha", ("plots", "sub/b.bin"): b"12345"}
+    assert store.output_files[key] == {
+        ("plots", "a.txt"): b"alpha",
+        ("plots", "sub/b.bin"): b"12345",
+    }
     bundle = store.bundle(key)
     manifest_json = bundle.manifest
     # every declared folder is named, an empty one with no paths (as the reference lists it)
@@ -572,7 +575,9 @@ def test_an_output_folder_swapped_for_a_link_streams_nothing(
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "secret.txt").write_text("not the cell's")
-    source = f"# @output_dir plots\nimport os\nos.rmdir(plots)\nos.symlink({str(elsewhere)!r}, plots)\n"
+    source = (
+        f"# @output_dir plots\nimport os\nos.rmdir(plots)\nos.symlink({str(elsewhere)!r}, plots)\n"
+    )
     body = manifest(store, key, source, output_file_url=f"{store.url}/output-file/{key}?sig=2")
     response = client.post("/v1/execute-manifest", json=body)
     assert response.status_code == 200, response.text

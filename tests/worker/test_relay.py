@@ -43,7 +43,11 @@ AUTH = {"Authorization": f"Bearer {WORKER_TOKEN}"}
 def _start(
     tmp_path: Path, relay_url: str, *args: str, env: dict[str, str] | None = None
 ) -> WorkerProcess:
-    full_env = {**os.environ, "MPLBACKEND": "module://matplotlib_inline.backend_inline", **(env or {})}
+    full_env = {
+        **os.environ,
+        "MPLBACKEND": "module://matplotlib_inline.backend_inline",
+        **(env or {}),
+    }
     full_env.pop("PYTEST_CURRENT_TEST", None)
     run_dir = tmp_path / "runs"
     run_dir.mkdir(exist_ok=True)
@@ -95,13 +99,18 @@ def test_a_cell_runs_through_the_relay_with_its_inputs_and_outputs(
     assert json.loads(bundle.file("doubled")) == [2, 4, 6]
 
 
-def test_the_worker_token_still_guards_every_route(relayed: tuple[FakeRelay, WorkerProcess]) -> None:
+def test_the_worker_token_still_guards_every_route(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
     relay, _ = relayed
     with relay.client(timeout=60) as client:
         refused = execute(client, "x = 1")
         health = client.get("/health")
     assert refused.status_code == 401
-    assert refused.json()["detail"] == "Missing or malformed Authorization header (expected Bearer token)"
+    assert (
+        refused.json()["detail"]
+        == "Missing or malformed Authorization header (expected Bearer token)"
+    )
     assert health.status_code == 200  # open, as on a port
 
 
@@ -137,7 +146,12 @@ def test_large_bodies_cross_in_chunks_no_larger_than_a_relay_takes(
         bundle = run_ok(
             client,
             source,
-            [({"name": "blob", "format": "json/object", "file": "blob.json"}, f'"{text}"'.encode())],
+            [
+                (
+                    {"name": "blob", "format": "json/object", "file": "blob.json"},
+                    f'"{text}"'.encode(),
+                )
+            ],
             headers=AUTH,
         )
     assert json.loads(bundle.file("digest")) == hashlib.sha256(text.encode()).hexdigest()
@@ -145,7 +159,9 @@ def test_large_bodies_cross_in_chunks_no_larger_than_a_relay_takes(
     assert relay.largest_message <= MAX_PAYLOAD_BYTES + 4
 
 
-def test_requests_share_the_socket_and_run_at_once(relayed: tuple[FakeRelay, WorkerProcess]) -> None:
+def test_requests_share_the_socket_and_run_at_once(
+    relayed: tuple[FakeRelay, WorkerProcess],
+) -> None:
     relay, _ = relayed
     finished: dict[str, float] = {}
 
@@ -294,7 +310,11 @@ async def test_which_handshake_answers_are_final(
         ("ws://127.0.0.1:99999/c", None, "--connect: not a usable URL"),
         ("ws:///c", None, "--connect: the URL names no host"),
         ("ws://relay.example/c", "t\u00f6k\u20acn", "STRATA_WORKER_CONNECT_TOKEN holds characters"),
-        ("ws://relay.example/c", "abc\r\nX-Evil: 1", "STRATA_WORKER_CONNECT_TOKEN holds characters"),
+        (
+            "ws://relay.example/c",
+            "abc\r\nX-Evil: 1",
+            "STRATA_WORKER_CONNECT_TOKEN holds characters",
+        ),
     ],
 )
 def test_connect_is_checked_before_anything_starts(

@@ -139,7 +139,9 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WorkerProcess]:
 
 
 def post(client: httpx.Client, source: str) -> httpx.Request:
-    files = {"metadata": ("metadata.json", json.dumps(v1_metadata(source)).encode(), "application/json")}
+    files = {
+        "metadata": ("metadata.json", json.dumps(v1_metadata(source)).encode(), "application/json")
+    }
     return client.build_request("POST", "/v1/execute", files=files)
 
 
@@ -185,7 +187,11 @@ def test_a_client_leaving_mid_bundle_stops_it_and_frees_everything(worker: Worke
             time.sleep(0.05)
         assert run_ok(client, "ok = 2").variables["ok"]["preview"] == 2
         metrics = client.get("/metrics").text
-    sent = [line for line in metrics.splitlines() if line.startswith("strata_kernel_worker_bundle_bytes_total")]
+    sent = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith("strata_kernel_worker_bundle_bytes_total")
+    ]
     assert sent, metrics[:500]
     assert float(sent[0].split()[-1]) < 300_000_000  # what was not sent is not counted
 
@@ -206,8 +212,10 @@ def test_a_bundle_fetched_by_polling_streams_too(tmp_path_factory: pytest.TempPa
             assert accepted.status_code == 202, accepted.text
             url = accepted.json()["job_url"]
             deadline = time.monotonic() + 30
-            while (polled := client.get(url)).headers.get("content-type", "").startswith(
-                "application/json"
+            while (
+                (polled := client.get(url))
+                .headers.get("content-type", "")
+                .startswith("application/json")
             ):
                 assert polled.json()["state"] in ("queued", "running"), polled.text
                 assert time.monotonic() < deadline

@@ -161,7 +161,9 @@ def test_arrow_input_with_pandas_metadata(client: httpx.Client) -> None:
 
 def test_plain_arrow_stream_arrives_as_dataframe(client: httpx.Client) -> None:
     data = arrow_stream(pa.table({"a": [1, 2, 3]}))
-    bundle = run_ok(client, "kind = type(t).__name__", [({"name": "t", "format": "arrow/ipc"}, data)])
+    bundle = run_ok(
+        client, "kind = type(t).__name__", [({"name": "t", "format": "arrow/ipc"}, data)]
+    )
     assert bundle.variables["kind"]["preview"] == "DataFrame"
 
 
@@ -174,9 +176,7 @@ def test_json_pickle_markdown_and_module_inputs(client: httpx.Client) -> None:
         ({"name": "m", "format": "module/import", "file": "m.module.json"},
          b'{"module_name": "statistics"}'),
     ]  # fmt: skip
-    source = (
-        "out = [cfg['k'][1], sorted(obj), raw.decode(), md, m.__name__, m.mean([1, 3])]"
-    )
+    source = "out = [cfg['k'][1], sorted(obj), raw.decode(), md, m.__name__, m.mean([1, 3])]"
     bundle = run_ok(client, source, inputs)
     assert bundle.variables["out"]["preview"] == [2, [1, 2, 3], "abc", "# Title", "statistics", 2]
 
@@ -262,7 +262,10 @@ def test_tables_are_bound_as_their_uri_and_snapshot(solo: httpx.Client) -> None:
         "seen = [events, events_snapshot, users, users_snapshot]\nusers = users.upper()"
     ), tables=tables)  # fmt: skip
     assert bundle.variables["seen"]["preview"] == [
-        "strata://table/events", 42, "s3://bucket/users", None
+        "strata://table/events",
+        42,
+        "s3://bucket/users",
+        None,
     ]
     # bound before the cell ran: only a name the cell rebinds is an output
     assert set(bundle.variables) == {"seen", "users"}
@@ -376,9 +379,17 @@ def test_magics_work(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("source", "error", "etype"),
     [
-        ("print('before')\nraise RuntimeError('model not loaded')", "model not loaded", "RuntimeError"),
+        (
+            "print('before')\nraise RuntimeError('model not loaded')",
+            "model not loaded",
+            "RuntimeError",
+        ),
         ("x = (", None, "SyntaxError"),
-        ("import no_such_module_here", "No module named 'no_such_module_here'", "ModuleNotFoundError"),
+        (
+            "import no_such_module_here",
+            "No module named 'no_such_module_here'",
+            "ModuleNotFoundError",
+        ),
         ("import sys\nsys.exit(3)", "3", "SystemExit"),
         ("raise KeyboardInterrupt", "", "KeyboardInterrupt"),
         ("exit()", "", "SystemExit"),
@@ -524,7 +535,7 @@ def test_secret_never_reaches_the_kernel_and_gpu_slot_is_pinned(guarded: WorkerP
             "gpu = os.environ.get('CUDA_VISIBLE_DEVICES')\n"
             "import subprocess, sys\n"
             "child_gpu = subprocess.run([sys.executable, '-c', 'import os; "
-            "print(os.environ[\"CUDA_VISIBLE_DEVICES\"])'], capture_output=True, "
+            'print(os.environ["CUDA_VISIBLE_DEVICES"])\'], capture_output=True, '
             "text=True).stdout.strip()\n"
             # the worker, and the kernel's parent (the fork server)
             "blocks = [open(f'/proc/{p}/environ', 'rb').read() for p in (worker, os.getppid())]\n"
@@ -589,14 +600,13 @@ def test_busy_worker_queues_with_202_then_503_when_full(
         tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2", "--queue-depth", "1"
     )
     try:
-        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
-            base_url=w.url, timeout=60
-        ) as other:
+        with (
+            httpx.Client(base_url=w.url, timeout=60) as c,
+            httpx.Client(base_url=w.url, timeout=60) as other,
+        ):
             result: dict[str, httpx.Response] = {}
             thread = threading.Thread(
-                target=lambda: result.update(
-                    r=execute(other, "import time\ntime.sleep(2)\na = 1")
-                )
+                target=lambda: result.update(r=execute(other, "import time\ntime.sleep(2)\na = 1"))
             )
             thread.start()
             deadline = time.monotonic() + 10
@@ -659,9 +669,10 @@ def test_max_concurrent_refuses_what_it_cannot_admit_with_503(
     env = {"STRATA_WORKER_MAX_CONCURRENT": "1"}  # the reference's variable, read as its flag
     w = start_worker(tmp_path_factory, "--pool-size", "2", env=env)
     try:
-        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
-            base_url=w.url, timeout=60
-        ) as other:
+        with (
+            httpx.Client(base_url=w.url, timeout=60) as c,
+            httpx.Client(base_url=w.url, timeout=60) as other,
+        ):
             assert c.get("/health").json()["max_concurrent"] == 1
             running = Background(other, "import time\ntime.sleep(3)\na = 1")
             wait_active(c)
@@ -690,9 +701,10 @@ def test_a_job_answered_202_frees_its_run_directory_when_it_ends_not_when_polled
 ) -> None:
     w = start_worker(tmp_path_factory, "--pool-size", "1", "--queue-wait", "0.2")
     try:
-        with httpx.Client(base_url=w.url, timeout=60) as c, httpx.Client(
-            base_url=w.url, timeout=60
-        ) as other:
+        with (
+            httpx.Client(base_url=w.url, timeout=60) as c,
+            httpx.Client(base_url=w.url, timeout=60) as other,
+        ):
             running = Background(other, "import time\ntime.sleep(2)")
             deadline = time.monotonic() + 10
             while c.get("/health").json()["pool"]["kernels"].get("busy", 0) < 1:
@@ -765,8 +777,9 @@ def test_cancel_route_stops_a_running_build(client: httpx.Client) -> None:
 def test_client_disconnect_cancels_the_cell(client: httpx.Client, worker: WorkerProcess) -> None:
     before = _retired(client, "cancelled")
     timeout = httpx.Timeout(60, read=1.0)
-    with httpx.Client(base_url=worker.url, timeout=timeout) as impatient, pytest.raises(
-        httpx.ReadTimeout
+    with (
+        httpx.Client(base_url=worker.url, timeout=timeout) as impatient,
+        pytest.raises(httpx.ReadTimeout),
     ):
         execute(impatient, "import time\ntime.sleep(30)")
     deadline = time.monotonic() + 10
@@ -794,7 +807,9 @@ def test_output_dir_folders_come_back_in_dirs(client: httpx.Client) -> None:
 
 
 def test_huge_previews_are_bounded(client: httpx.Client) -> None:
-    bundle = run_ok(client, "blob = b'x' * 5_000_000\nitems = list(range(200_000))\ntext = 'y' * 100_000")
+    bundle = run_ok(
+        client, "blob = b'x' * 5_000_000\nitems = list(range(200_000))\ntext = 'y' * 100_000"
+    )
     assert len(bundle.members["manifest.json"]) < 400_000
     for name in ("blob", "items", "text"):
         assert bundle.variables[name]["preview_truncated"] is True
@@ -807,7 +822,9 @@ def test_huge_previews_are_bounded(client: httpx.Client) -> None:
 
 
 def test_a_wide_tables_preview_keeps_whole_rows(client: httpx.Client) -> None:
-    source = "import pandas as pd\ndf = pd.DataFrame({f'c{i}': ['x' * 20] * 30 for i in range(200)})"
+    source = (
+        "import pandas as pd\ndf = pd.DataFrame({f'c{i}': ['x' * 20] * 30 for i in range(200)})"
+    )
     meta = run_ok(client, source).variables["df"]
     rows = meta["preview"]
     assert meta["preview_truncated"] is True and meta["rows"] == 30
@@ -823,7 +840,9 @@ def test_a_wide_tables_preview_keeps_whole_rows(client: httpx.Client) -> None:
      ("POST", "/execute"), ("GET", "/v1/jobs/some-job"), ("POST", "/v1/executions/b1/cancel"),
      ("POST", "/v1/mount-cache/cached"), ("GET", "/metrics")],
 )  # fmt: skip
-def test_every_route_but_health_is_token_gated(guarded: WorkerProcess, method: str, path: str) -> None:
+def test_every_route_but_health_is_token_gated(
+    guarded: WorkerProcess, method: str, path: str
+) -> None:
     with httpx.Client(base_url=guarded.url, timeout=30) as c:
         response = c.request(method, path, content=b"{not even json")
         assert response.status_code == 401, response.text

@@ -73,7 +73,9 @@ def test_read_only_mount_is_a_path_and_cached_across_runs(
         assert first.manifest["mount_bytes"] == {"data": 11}
         second = run_ok(c, source, mounts=mounts)
         assert second.manifest["mount_bytes"] == {"data": 0}  # served from the cache
-        probe = c.post("/v1/mount-cache/cached", json={"mounts": [{"spec": mounts[0], "entries": []}]})
+        probe = c.post(
+            "/v1/mount-cache/cached", json={"mounts": [{"spec": mounts[0], "entries": []}]}
+        )
         assert probe.status_code == 200 and len(probe.json()["cached_bytes"]) == 1
 
 
@@ -133,7 +135,11 @@ def test_read_write_mount_syncs_back_only_on_success(
             c, "(results / 'lost.txt').write_text('no')\nraise RuntimeError('stop')", mounts=mounts
         ))  # fmt: skip
         assert failed.manifest["success"] is False
-        bundle = run_ok(c, "(results / 'new.txt').write_text('fresh')\nold = (results / 'keep.txt').read_text()", mounts=mounts)
+        bundle = run_ok(
+            c,
+            "(results / 'new.txt').write_text('fresh')\nold = (results / 'keep.txt').read_text()",
+            mounts=mounts,
+        )
     assert bundle.variables["old"]["preview"] == "old"
     writes = bundle.manifest["mount_writes"]
     assert writes[0]["mount"] == "results"
