@@ -17,10 +17,14 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from kernel_worker.environments import EnvironmentSpec, lock_key, parse_environment, probe_uv
+
+if TYPE_CHECKING:
+    from tests.conftest import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP_PYTHON = ROOT / ".venv-interop" / "bin" / "python"
@@ -237,3 +241,39 @@ def run_python(python: Path, code: str, *, path_tail: Path | None = None) -> str
     )
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
+
+
+@dataclass(frozen=True)
+class GatedBuild:
+    """A worker whose environment builds wait at a gate: a cell for :attr:`project` stays
+    in its build until :attr:`gate` exists; :attr:`counter` has a line per ``uv sync``."""
+
+    worker: WorkerProcess
+    project: LockedProject
+    gate: Path
+    counter: Path
+
+
+@contextlib.contextmanager
+def gated_build_worker(
+    tmp_path_factory: pytest.TempPathFactory, tmp_path: Path, uv: str, py312: Path, name: str
+) -> Iterator[GatedBuild]:
+    """A one-kernel worker (``--queue-wait 1``) whose ``uv sync`` waits for a gate, and a
+    project (``idna==3.7``) to build; the gate opens and the worker stops on exit."""
+    from tests.conftest import start_worker
+
+    project = lock_project(tmp_path / "p", uv, py312, name, ["idna==3.7"])
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    gate, counter = tmp_path / "gate", tmp_path / "syncs"
+    counting_uv(tools / "uv", uv, counter, gate=gate)
+    path = os.pathsep.join([str(tools), str(py312.parent), os.environ.get("PATH", "")])
+    worker = start_worker(
+        tmp_path_factory, "--pool-size", "1", "--env-root", str(tmp_path / "envs"),
+        "--queue-wait", "1", env={"PATH": path},
+    )  # fmt: skip
+    try:
+        yield GatedBuild(worker, project, gate, counter)
+    finally:
+        gate.touch()
+        worker.stop()

@@ -19,8 +19,7 @@ import pytest
 from kernel_worker.client.session import Client, Progress
 from tests.conftest import ROOT, WorkerProcess, start_worker
 from tests.envfixtures import (  # noqa: F401
-    counting_uv,
-    lock_project,
+    gated_build_worker,
     py312_fixture,
     uv_fixture,
 )
@@ -238,17 +237,8 @@ def test_a_build_says_what_it_is_doing(
 ) -> None:
     """A cell waiting on its locked environment's build (held at a gate here): its job poll
     and the console route name the phase; Strata's client shows the poll's ``detail``."""
-    project = lock_project(tmp_path / "p", uv, py312, "phase", ["idna==3.7"])
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    gate, counter = tmp_path / "gate", tmp_path / "syncs"
-    counting_uv(tools / "uv", uv, counter, gate=gate)  # `uv sync` waits for the gate
-    path = os.pathsep.join([str(tools), str(py312.parent), os.environ.get("PATH", "")])
-    worker = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--env-root", str(tmp_path / "envs"),
-        "--queue-wait", "1", env={"PATH": path},
-    )  # fmt: skip
-    try:
+    with gated_build_worker(tmp_path_factory, tmp_path, uv, py312, "phase") as gated:
+        worker, project, gate = gated.worker, gated.project, gated.gate
         with httpx.Client(base_url=worker.url, timeout=600) as client:
             cell = "import idna\nv = idna.__version__"
             metadata = {**v1_metadata(cell, environment=project.raw()), "build_id": "built"}
@@ -268,6 +258,3 @@ def test_a_build_says_what_it_is_doing(
                 assert "phase" not in answer.json() or answer.json()["state"] == "queued"
                 threading.Event().wait(0.1)
             assert json.loads(read_bundle(answer).file("v")) == "3.7"
-    finally:
-        gate.touch()
-        worker.stop()

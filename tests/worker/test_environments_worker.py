@@ -20,7 +20,7 @@ from tests.conftest import WorkerProcess, kernel_uid_unavailable, start_worker
 from tests.envfixtures import (  # noqa: F401
     LockedProject,
     Projects,
-    counting_uv,
+    gated_build_worker,
     lock_project,
     projects_fixture,
     py312_fixture,
@@ -247,18 +247,9 @@ def test_a_cancel_while_the_environment_builds_stops_the_wait(
 ) -> None:
     """The cancel route answers a cell still waiting on its build: 409 to its poll, at
     once, while the build (held at a gate here) goes on, and a later cell finds it."""
-    project = lock_project(tmp_path / "p", uv, py312, "cancelled", ["idna==3.7"])
-    tools = tmp_path / "bin"
-    tools.mkdir()
-    gate, counter = tmp_path / "gate", tmp_path / "syncs"
-    counting_uv(tools / "uv", uv, counter, gate=gate)  # `uv sync` waits for the gate
-    path = os.pathsep.join([str(tools), str(py312.parent), os.environ.get("PATH", "")])
-    worker = start_worker(
-        tmp_path_factory, "--pool-size", "1", "--env-root", str(tmp_path / "envs"),
-        "--queue-wait", "1", env={"PATH": path},
-    )  # fmt: skip
-    try:
-        with httpx.Client(base_url=worker.url, timeout=600) as client:
+    with gated_build_worker(tmp_path_factory, tmp_path, uv, py312, "cancelled") as gated:
+        project = gated.project
+        with httpx.Client(base_url=gated.worker.url, timeout=600) as client:
             metadata = {**v1_metadata("import idna", environment=project.raw()), "build_id": "b1"}
             waiting = execute(client, "", metadata=metadata)
             assert waiting.status_code == 202, waiting.text
@@ -266,14 +257,11 @@ def test_a_cancel_while_the_environment_builds_stops_the_wait(
             status, error = failure(wait_for_bundle(client, waiting))
             assert (status, error) == (409, "execution was cancelled")
             assert client.get("/health").json()["status"] == "healthy"
-            gate.touch()  # the build goes on: the next cell gets the environment
+            gated.gate.touch()  # the build goes on: the next cell gets the environment
             cell = "import idna\nv = idna.__version__"
             later = wait_for_bundle(client, execute(client, cell, environment=project.raw()))
             assert json.loads(read_bundle(later).file("v")) == "3.7"
-        assert len(counter.read_text().split()) == 1  # built once, for both
-    finally:
-        gate.touch()
-        worker.stop()
+        assert len(gated.counter.read_text().split()) == 1  # built once, for both
 
 
 def test_kernels_of_an_environment_run_as_their_own_uids(
