@@ -47,35 +47,13 @@ usable() {
         >/dev/null 2>&1
 }
 
-# Candidate interpreters, best first (3.12 is what the interop tests were written against).
-candidates() {
-    [ -n "${STRATA_INTEROP_BASE_PYTHON:-}" ] && echo "$STRATA_INTEROP_BASE_PYTHON"
-    local minor name root
-    for minor in 12 13 14; do
-        name="python3.$minor"
-        command -v "$name" 2>/dev/null || true
-        if command -v pyenv >/dev/null 2>&1; then
-            pyenv which "$name" 2>/dev/null || true
-        fi
-        for root in "${PYENV_ROOT:-}" "$HOME/.pyenv" /root/.pyenv /opt/pyenv /usr/local/pyenv; do
-            [ -n "$root" ] || continue
-            ls -d "$root"/versions/3."$minor"*/bin/"$name" 2>/dev/null | sort -rV || true
-        done
-        echo "/usr/local/bin/$name"
-        echo "/usr/bin/$name"
-    done
-    command -v python3 2>/dev/null || true
-}
-
+# The Python to build from: $STRATA_INTEROP_BASE_PYTHON, else what scripts/python.sh finds.
 find_base_python() {
-    local candidate
-    while IFS= read -r candidate; do
-        if usable "$candidate"; then
-            echo "$candidate"
-            return 0
-        fi
-    done < <(candidates)
-    return 1
+    if [ -n "${STRATA_INTEROP_BASE_PYTHON:-}" ] && usable "$STRATA_INTEROP_BASE_PYTHON"; then
+        echo "$STRATA_INTEROP_BASE_PYTHON"
+        return 0
+    fi
+    bash "$REPO/scripts/python.sh" 2>/dev/null
 }
 
 # True if the environment at $VENV is complete and was built from the current spec.
