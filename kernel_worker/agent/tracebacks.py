@@ -159,10 +159,15 @@ def _not_compiling(shell: Any, error: SyntaxError) -> bool:
     """Whether ``error`` says the cell's text does not compile: raised compiling the cell, or
     reading it (IPython tokenizes a cell before compiling it: ``<tokenize>``), and not by a
     line of the cell (``raise SyntaxError(...)``), nor by compiling other code."""
-    if error.filename != "<tokenize>" and not is_cell_file(shell, error.filename):
-        return False
     frames = traceback.extract_tb(error.__traceback__)
-    return not any(is_cell_file(shell, frame.filename) for frame in frames)
+    if any(is_cell_file(shell, frame.filename) for frame in frames):
+        return False
+    if error.filename == "<tokenize>" or is_cell_file(shell, error.filename):
+        return True
+    # Python 3.12+ tokenizes in C: IPython's reading of the cell raises for "<string>"
+    return error.filename == "<string>" and any(
+        "/IPython/" in frame.filename.replace("\\", "/") for frame in frames
+    )
 
 
 def _as_compiled(shell: Any, error: SyntaxError, source: str | None) -> SyntaxError:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import JSONResponse
 
-from ..errors import NotFound
+from ..errors import BadRequest, NotFound
 from ..runs.live import STREAMS
 from .routes import require_token
 
@@ -30,9 +30,11 @@ watch_router = APIRouter(dependencies=[Depends(require_token)])
 
 @watch_router.get("/v1/executions/{build_id}/console")
 async def execution_console(
-    build_id: str, request: Request, stdout: int = 0, stderr: int = 0
+    build_id: str, request: Request, stdout: str = "0", stderr: str = "0"
 ) -> JSONResponse:
-    """State, elapsed time and the console after the given character offsets."""
+    """State, elapsed time and the console after the given character offsets (``stdout``,
+    ``stderr``: whole numbers, 0 by default; anything else is a 400 naming it)."""
+    offsets = {"stdout": _offset("stdout", stdout), "stderr": _offset("stderr", stderr)}
     state: WorkerState = request.app.state.worker
     found = [e for e in state.executions if e.build_id == build_id]
     if not found:
@@ -48,8 +50,15 @@ async def execution_console(
         body["running_seconds"] = round(now - execution.started_at, 3)
     if execution.phase is not None:
         body["phase"] = execution.phase
-    offsets = {"stdout": stdout, "stderr": stderr}
     for stream in STREAMS:
         live = execution.console.since(stream, offsets[stream])
         body[stream] = {"text": live.text, "start": live.start, "end": live.end}
     return JSONResponse(body)
+
+
+def _offset(name: str, value: str) -> int:
+    """A character offset from the query: a whole number, at least 0."""
+    text = value.strip()
+    if not text.isdigit() or len(text) > 18:
+        raise BadRequest(f"{name} must be a character offset (a whole number), not {value[:40]!r}")
+    return int(text)

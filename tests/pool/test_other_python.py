@@ -28,7 +28,13 @@ import pytest
 from kernel_pool import KernelKind, Pool, PoolConfig
 from tests.markers import quick_subset
 from tests.pool.test_pool import assert_reset_path, last, run, settle, started
-from tests.pool.test_reset_state import CASES, KERNEL_CASES, change_then_probe, probe_once
+from tests.pool.test_reset_state import (
+    CASES,
+    KERNEL_CASES,
+    change_then_probe,
+    check_monitoring_tool,
+    probe_once,
+)
 from tests.setups import kernel_setup
 
 __all__ = ["last"]  # the fixture, imported for the tests below
@@ -153,6 +159,10 @@ async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> Non
     before = await probe_once(pool, case.probe)
     after = await change_then_probe(pool, case.change, case.probe)
     assert after == before
+
+
+async def test_a_monitoring_tool_a_cell_took_is_given_back(pool: Pool) -> None:
+    await check_monitoring_tool(pool)  # every minor here has sys.monitoring
 
 
 async def test_reset_isolates_consecutive_leases(pool: Pool, last: bool) -> None:

@@ -364,13 +364,30 @@ KERNEL_CASES = {  # switches only a kernel has: IPython's, the inline backend's
     ),
 }
 
-if sys.version_info >= (3, 12):  # sys.monitoring
-    KERNEL_CASES["a sys.monitoring tool"] = Case(
-        "import sys\nm = sys.monitoring\nm.use_tool_id(3, 'cell profiler')\n"
-        "m.register_callback(3, m.events.PY_START, lambda *a: None)\n"
-        "m.set_events(3, m.events.PY_START)",
-        "import sys\nm = sys.monitoring\nprint(m.get_tool(3), m.get_events(3))",
+MONITORING_TOOL = Case(  # sys.monitoring (3.12+): see check_monitoring_tool
+    "import sys\nm = sys.monitoring\nm.use_tool_id(3, 'cell profiler')\n"
+    "m.register_callback(3, m.events.PY_START, lambda *a: None)\n"
+    "m.set_events(3, m.events.PY_START)",
+    "import sys\nm = sys.monitoring\nprint(m.get_tool(3), m.get_events(3))",
+)
+
+
+async def check_monitoring_tool(pool: Pool) -> None:
+    """A ``sys.monitoring`` tool a cell took is given back: freed in place where the
+    kernel's Python can clear a tool (``clear_tool_id``, 3.14+), else the kernel is retired
+    (a tool's local events on code objects cannot be found to clear); either way the next
+    lease finds the tool free."""
+    can_clear = await probe_once(
+        pool, "import sys\nprint(hasattr(sys.monitoring, 'clear_tool_id'))"
     )
+    before = await probe_once(pool, MONITORING_TOOL.probe)
+    async with pool.lease() as lease:
+        first = lease.kernel_id
+        await run(lease, MONITORING_TOOL.change, last=True)
+    await settle(pool, idle=1)
+    async with pool.lease() as lease:
+        assert (lease.kernel_id == first) is (can_clear == "True\n")
+        assert await run(lease, MONITORING_TOOL.probe) == before == "None 0\n"
 
 
 @pytest.fixture
@@ -415,6 +432,11 @@ async def test_reset_puts_back_what_a_cell_changed(pool: Pool, name: str) -> Non
     if name in KERNEL_CASES:  # (the others are checked in a plain interpreter, below)
         changed = await probe_once(pool, f"{case.change}\n{case.probe}")
         assert changed != before  # the change does change what the probe reads
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="sys.monitoring is new in 3.12")
+async def test_a_monitoring_tool_a_cell_took_is_given_back(pool: Pool) -> None:
+    await check_monitoring_tool(pool)
 
 
 @pytest.mark.parametrize("name", ["warnings filter", "recursion limit", "decimal context"])

@@ -232,6 +232,15 @@ def test_the_console_route_of_a_running_cell(single: WorkerProcess, tmp_path: Pa
     assert _console(single, "watched-build").status_code == 404  # ended: nothing runs by it
 
 
+@pytest.mark.parametrize("offset", ["x", "-1", "1.5", "", "9" * 40])
+def test_a_console_offset_that_is_not_a_whole_number_is_a_400(
+    worker: WorkerProcess, offset: str
+) -> None:
+    answer = httpx.get(worker.url + "/v1/executions/b/console", params={"stdout": offset})
+    assert answer.status_code == 400
+    assert answer.json()["detail"].startswith("stdout must be a character offset")
+
+
 def test_a_build_says_what_it_is_doing(
     tmp_path_factory: pytest.TempPathFactory, uv: str, py312: Path, tmp_path: Path
 ) -> None:
