@@ -389,7 +389,7 @@ def invalid_mutations(route: str) -> st.SearchStrategy[Mutation]:
         st.builds(
             set_param,
             st.just("language"),
-            st.sampled_from(["r", "R", "julia", "Python", 1, True, False, 0, [], ["python"]]),
+            st.sampled_from(["R", "julia", "Python", 1, True, False, 0, [], ["python"]]),
         ),
         st.builds(set_input, st.just("name"), bad_names),
         st.builds(set_input, st.just("content_type"), unknown_formats),
